@@ -1,0 +1,45 @@
+"""Errors the plugin raises on purpose, each meant to be read by a person.
+
+A message states what failed, where (file, key path, line, host, rank), the bad value and
+what was expected. Nothing here imports pytest or torch.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "GpuClusterError",
+    "ProfileError",
+    "HostfileError",
+    "ParseError",
+    "LaunchError",
+    "JobFailed",
+    "SettingsError",
+]
+
+
+class GpuClusterError(Exception):
+    """Base of every error the plugin reports without a traceback."""
+
+
+class SettingsError(GpuClusterError):
+    """A command-line option, environment variable or ini key has a bad value."""
+
+
+class ProfileError(GpuClusterError):
+    """A hardware profile is missing, malformed or asks for something impossible."""
+
+
+class HostfileError(GpuClusterError):
+    """A hostfile or Slurm nodelist cannot be read."""
+
+
+class ParseError(GpuClusterError):
+    """A recorded tool output (nccl-tests, NCCL log, nvidia-smi...) holds no usable data."""
+
+
+class LaunchError(GpuClusterError):
+    """A job could not be started (bad command, missing launcher, unreachable node)."""
+
+
+class JobFailed(GpuClusterError):
+    """A job started but at least one rank failed, hung or never reported."""

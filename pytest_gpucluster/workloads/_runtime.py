@@ -1,0 +1,179 @@
+"""What a workload sees on its rank: the `RankContext`, and the job-directory file contract.
+
+This module runs on the far side of a process boundary (inside a rank started by torchrun,
+srun, mpirun or the DeepSpeed launcher). It depends on the standard library and, lazily,
+torch — never on pytest, profiles, launchers or anything else in this package — so that a
+rank starts fast and a broken plugin module cannot break a rank.
+
+The contract with the parent (the launcher side), all inside the job directory:
+
+- ``job.json``           written by the parent: ``{"workload": "pkg.mod:func", "options": {...},
+                         "backend": "gloo"|"nccl", "timeout_s": float, "env": {...}}``
+- ``rank-<i>.json``      written by rank i, atomically: first with ``"status": "running"``, then
+                         ``"ok"`` (with ``"value"``), ``"error"`` (with ``"error"``) or ``"skipped"``
+- ``rank-<i>.log``       rank i's stdout and stderr, and its stack dump if it hung
+- ``progress.log``       rank 0's progress lines, which the parent streams to the terminal
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+JOB_FILE = "job.json"
+PROGRESS_FILE = "progress.log"
+JOB_ID_ENV = "GPUCLUSTER_JOB_ID"
+"""Set in the environment of every process of a job, so the parent can find (and kill) them all."""
+
+
+def rank_result_path(job_dir: Path, rank: int) -> Path:
+    return job_dir / f"rank-{rank}.json"
+
+
+def rank_log_path(job_dir: Path, rank: int) -> Path:
+    return job_dir / f"rank-{rank}.log"
+
+
+class WorkloadSkip(Exception):
+    """Raised by a workload that cannot run on this rank (e.g. no NVML); the job is skipped."""
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    """Write JSON so that a reader never sees a half-written file (rename is atomic)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(payload, handle, default=jsonable, indent=1)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def jsonable(obj: Any) -> Any:
+    """Turn tensors, numpy scalars, paths and dataclasses into plain JSON values."""
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if hasattr(obj, "item"):
+        return obj.item()
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "__dataclass_fields__"):
+        from dataclasses import asdict
+
+        return asdict(obj)
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    raise TypeError(f"a workload returned a {type(obj).__name__}, which is not JSON-serializable")
+
+
+@dataclass(frozen=True)
+class RankIdentity:
+    """Where this process sits in the job, read from whichever launcher started it."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    host: str
+
+    @classmethod
+    def from_environ(cls, environ: dict[str, str] | None = None) -> RankIdentity:
+        env = dict(os.environ if environ is None else environ)
+        host = socket.gethostname()
+        if "RANK" in env and "WORLD_SIZE" in env:  # torchrun, DeepSpeed launcher
+            local_world = int(env.get("LOCAL_WORLD_SIZE", env.get("LOCAL_SIZE", "1")))
+            rank = int(env["RANK"])
+            return cls(
+                rank=rank,
+                world_size=int(env["WORLD_SIZE"]),
+                local_rank=int(env.get("LOCAL_RANK", "0")),
+                local_world_size=local_world,
+                node_rank=int(env.get("GROUP_RANK", env.get("NODE_RANK", rank // max(local_world, 1)))),
+                host=host,
+            )
+        if "OMPI_COMM_WORLD_RANK" in env:  # Open MPI
+            local_world = int(env.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1"))
+            rank = int(env["OMPI_COMM_WORLD_RANK"])
+            return cls(
+                rank=rank,
+                world_size=int(env["OMPI_COMM_WORLD_SIZE"]),
+                local_rank=int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")),
+                local_world_size=local_world,
+                node_rank=int(env.get("OMPI_COMM_WORLD_NODE_RANK", rank // max(local_world, 1))),
+                host=host,
+            )
+        if "SLURM_PROCID" in env:  # srun, one task per rank
+            ntasks = int(env.get("SLURM_NTASKS", env.get("SLURM_NPROCS", "1")))
+            nnodes = int(env.get("SLURM_NNODES", env.get("SLURM_JOB_NUM_NODES", "1")))
+            local_world = max(ntasks // max(nnodes, 1), 1)
+            return cls(
+                rank=int(env["SLURM_PROCID"]),
+                world_size=ntasks,
+                local_rank=int(env.get("SLURM_LOCALID", "0")),
+                local_world_size=local_world,
+                node_rank=int(env.get("SLURM_NODEID", "0")),
+                host=host,
+            )
+        return cls(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, host=host)
+
+    def export(self) -> None:
+        """Publish the torch.distributed variables, whichever launcher gave us the identity."""
+        os.environ["RANK"] = str(self.rank)
+        os.environ["WORLD_SIZE"] = str(self.world_size)
+        os.environ["LOCAL_RANK"] = str(self.local_rank)
+        os.environ["LOCAL_WORLD_SIZE"] = str(self.local_world_size)
+        # DeepSpeed's CPU shared-memory op segfaults under torchrun unless LOCAL_SIZE is set.
+        os.environ.setdefault("LOCAL_SIZE", str(self.local_world_size))
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """Everything a workload function ``(ctx) -> dict`` needs to know about its rank."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    host: str
+    device: str
+    """``"cpu"`` or ``"cuda:<local_rank>"``."""
+    backend: str
+    """The process group's backend: ``"gloo"`` or ``"nccl"``."""
+    job_dir: Path
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @property
+    def nnodes(self) -> int:
+        return max(self.world_size // max(self.local_world_size, 1), 1)
+
+    def progress(self, message: str) -> None:
+        """Rank 0's progress line (step, s/it, ETA...), streamed to the terminal by the parent."""
+        print(message, flush=True)
+        if self.rank != 0:
+            return
+        stamp = time.strftime("%H:%M:%S")
+        with open(self.job_dir / PROGRESS_FILE, "a", encoding="utf-8") as handle:
+            handle.write(f"{stamp} {message}\n")
+
+    def synchronize(self) -> None:
+        """Wait for queued device work, so a host timer measures the work itself."""
+        if self.is_cuda:
+            import torch
+
+            torch.cuda.synchronize()
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.barrier()

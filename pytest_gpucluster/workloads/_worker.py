@@ -1,0 +1,175 @@
+"""The program every rank runs: ``python -m pytest_gpucluster.workloads._worker JOB_DIR``.
+
+It joins the process group, runs the job's workload, writes ``rank-<i>.json`` and leaves
+without Python's finalization: a DeepSpeed ZeRO-3 job on gloo aborted at interpreter exit
+with ``terminate called without an active exception`` in about one run in six (a gloo
+thread dropping the last reference to a tensor while Python finalizes;
+pytorch/pytorch#190489). Tearing the group down and ending with ``os._exit`` after
+flushing avoids it.
+
+Like the rest of ``workloads/``, this depends on the standard library and torch only.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import faulthandler
+import gc
+import importlib
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from pytest_gpucluster.workloads._runtime import (
+    JOB_FILE,
+    RankContext,
+    RankIdentity,
+    WorkloadSkip,
+    rank_log_path,
+    rank_result_path,
+    write_json_atomic,
+)
+
+
+def resolve_workload(spec: str) -> Callable[[RankContext], Any]:
+    module_name, _, func_name = spec.partition(":")
+    if not module_name or not func_name:
+        raise ValueError(f"workload {spec!r} is not of the form 'package.module:function'")
+    target: Any = importlib.import_module(module_name)
+    for part in func_name.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def _redirect_output(log_path: Path) -> Any:
+    """Send this rank's stdout and stderr (Python's and C's) to its own log file."""
+    log = open(log_path, "a", buffering=1, encoding="utf-8", errors="replace")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    return log
+
+
+def _pick_device(identity: RankIdentity, backend: str) -> str:
+    if backend != "nccl":
+        return "cpu"
+    import torch
+
+    torch.cuda.set_device(identity.local_rank)
+    return f"cuda:{identity.local_rank}"
+
+
+def _init_process_group(backend: str, timeout_s: float, device: str) -> None:
+    import torch.distributed as dist
+
+    kwargs: dict[str, Any] = {"backend": backend, "timeout": _dt.timedelta(seconds=max(timeout_s, 30))}
+    if device.startswith("cuda"):
+        import torch
+
+        kwargs["device_id"] = torch.device(device)
+    dist.init_process_group(**kwargs)
+
+
+def _teardown() -> None:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            gc.collect()
+            dist.destroy_process_group()
+        gc.collect()
+    except Exception:  # teardown trouble must not turn a measured result into an error
+        traceback.print_exc()
+
+
+def run(job_dir: Path) -> int:
+    job = json.loads((job_dir / JOB_FILE).read_text(encoding="utf-8"))
+    os.environ.update({str(k): str(v) for k, v in (job.get("env") or {}).items()})
+    identity = RankIdentity.from_environ()
+    identity.export()
+    log = _redirect_output(rank_log_path(job_dir, identity.rank))
+    faulthandler.enable(file=log, all_threads=True)
+    # The parent sends SIGUSR1 to a hung rank before killing it, so its log shows where it hung.
+    faulthandler.register(signal.SIGUSR1, file=log, all_threads=True)
+    timeout_s = float(job.get("timeout_s") or 0)
+    if timeout_s > 0:
+        faulthandler.dump_traceback_later(timeout_s, exit=False, file=log)
+
+    result_path = rank_result_path(job_dir, identity.rank)
+    record: dict[str, Any] = {
+        "rank": identity.rank,
+        "world_size": identity.world_size,
+        "local_rank": identity.local_rank,
+        "node_rank": identity.node_rank,
+        "host": identity.host,
+        "pid": os.getpid(),
+        "status": "running",
+        "started_at": time.time(),
+    }
+    write_json_atomic(result_path, record)
+    backend = job.get("backend", "gloo")
+    exit_code = 0
+    try:
+        device = _pick_device(identity, backend)
+        ctx = RankContext(
+            rank=identity.rank,
+            world_size=identity.world_size,
+            local_rank=identity.local_rank,
+            local_world_size=identity.local_world_size,
+            node_rank=identity.node_rank,
+            host=identity.host,
+            device=device,
+            backend=backend,
+            job_dir=job_dir,
+            options=dict(job.get("options") or {}),
+        )
+        workload = resolve_workload(job["workload"])
+        if job.get("init_process_group", True) and identity.world_size >= 1:
+            _init_process_group(backend, timeout_s or 1800, device)
+        value = workload(ctx)
+        record.update(status="ok", value=value if value is not None else {})
+    except WorkloadSkip as skip:
+        record.update(status="skipped", reason=str(skip))
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent as data
+        traceback.print_exc()
+        record.update(
+            status="error",
+            error={
+                "type": type(exc).__name__,
+                "message": str(exc),
+                "traceback": traceback.format_exc(),
+            },
+        )
+        exit_code = 1
+    record["finished_at"] = time.time()
+    try:
+        write_json_atomic(result_path, record)
+    except TypeError as exc:
+        record.pop("value", None)
+        record.update(status="error", error={"type": "TypeError", "message": str(exc), "traceback": ""})
+        write_json_atomic(result_path, record)
+        exit_code = 1
+    faulthandler.cancel_dump_traceback_later()
+    _teardown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    log.flush()
+    return exit_code
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("--local_rank")]
+    if len(args) != 1:
+        print("usage: python -m pytest_gpucluster.workloads._worker JOB_DIR", file=sys.stderr)
+        os._exit(2)
+    os._exit(run(Path(args[0]).resolve()))
+
+
+if __name__ == "__main__":
+    main()
