@@ -19,7 +19,11 @@ def all_reduce_sum(ctx: RankContext) -> dict[str, Any]:
 
     tensor = torch.full((4,), float(ctx.rank + 1), device=ctx.device)
     dist.all_reduce(tensor)
-    return {"sum": float(tensor[0].item()), "expected": ctx.world_size * (ctx.world_size + 1) / 2, "host": ctx.host}
+    return {
+        "sum": float(tensor[0].item()),
+        "expected": ctx.world_size * (ctx.world_size + 1) / 2,
+        "host": ctx.host,
+    }
 
 
 def fail_on_rank(ctx: RankContext) -> dict[str, Any]:

@@ -1,0 +1,134 @@
+"""The ``gpucluster`` command: inspect profiles, parse recorded tool outputs, compare and report.
+
+Each subcommand is a small function; errors the user can fix (bad file, unknown profile, no data)
+print one sentence to stderr and exit 2 — never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_gpucluster.errors import GpuClusterError
+
+# kind -> (module, description); each module has parse_text(text) and to_json(result)
+PARSERS: dict[str, tuple[str, str]] = {
+    "nccl-tests": ("pytest_gpucluster.parsers.nccl_tests", "nccl-tests output (all_reduce_perf, ...)"),
+    "nccl-log": ("pytest_gpucluster.parsers.nccl_log", "NCCL_DEBUG=INFO log of one or many ranks"),
+    "topo": ("pytest_gpucluster.parsers.nvidia_topo", "nvidia-smi topo -m"),
+    "nvlink": ("pytest_gpucluster.parsers.nvidia_nvlink", "nvidia-smi nvlink -s / -gt d / -gt r"),
+    "train-log": ("pytest_gpucluster.parsers.train_log", "HF Trainer / DeepSpeed / Megatron training log"),
+}
+
+
+def _print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    from pytest_gpucluster.profiles.loader import known_profiles, load_profile
+
+    dirs = [Path(d) for d in args.thresholds_dir]
+    if args.name is None:
+        profiles = known_profiles(dirs)
+        width = max((len(n) for n in profiles), default=0)
+        for name, path in profiles.items():
+            try:
+                description = load_profile(str(path), dirs).model.description
+            except GpuClusterError as exc:
+                description = f"INVALID: {str(exc).splitlines()[0]}"
+            print(f"{name.ljust(width)}  {description}")
+        return 0
+    profile = load_profile(args.name, dirs)
+    if args.json:
+        _print_json(profile.model.model_dump(mode="json"))
+        return 0
+    import yaml
+
+    print(f"# {profile.model.name}: resolved from {' <- '.join(str(p) for p in profile.chain)}")
+    print(f"# sha256 {profile.sha256}; quantities in canonical units (bytes, bytes/s, seconds, FLOP/s)")
+    print(yaml.safe_dump(profile.model.model_dump(mode="json"), sort_keys=False).rstrip())
+    return 0
+
+
+def cmd_parse(args: argparse.Namespace) -> int:
+    module_name, _ = PARSERS[args.kind]
+    module = importlib.import_module(module_name)
+    path = Path(args.file)
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise GpuClusterError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        result = module.parse_text(text)
+    except GpuClusterError as exc:
+        raise GpuClusterError(f"{path}: {exc}") from None
+    _print_json(module.to_json(result))
+    return 0
+
+
+def cmd_parse_hostfile(args: argparse.Namespace) -> int:
+    from pytest_gpucluster.cluster.hostfile import hostfile_to_json, read_hostfile
+
+    _print_json(hostfile_to_json(read_hostfile(Path(args.file))))
+    return 0
+
+
+def cmd_parse_nodelist(args: argparse.Namespace) -> int:
+    from pytest_gpucluster.cluster.nodelist import expand_nodelist
+
+    _print_json(expand_nodelist(args.expr))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpucluster", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    profiles = sub.add_parser("profiles", help="list profiles, or show one resolved (after extends:)")
+    profiles.add_argument("name", nargs="?", help="profile name or YAML path")
+    profiles.add_argument("--thresholds-dir", action="append", default=[], help="extra profile directory")
+    profiles.add_argument("--json", action="store_true", help="print JSON instead of YAML")
+    profiles.set_defaults(func=cmd_profiles)
+
+    parse = sub.add_parser("parse", help="parse a recorded tool output and print JSON")
+    kinds = parse.add_subparsers(dest="kind", required=True)
+    for kind, (_, description) in PARSERS.items():
+        p = kinds.add_parser(kind, help=description)
+        p.add_argument("file")
+        p.set_defaults(func=cmd_parse)
+    p = kinds.add_parser("hostfile", help="DeepSpeed or Open MPI hostfile")
+    p.add_argument("file")
+    p.set_defaults(func=cmd_parse_hostfile)
+    p = kinds.add_parser("nodelist", help='Slurm nodelist expression such as "node[001-008,010]"')
+    p.add_argument("expr")
+    p.set_defaults(func=cmd_parse_nodelist)
+    for register in EXTRA_COMMANDS:
+        register(sub)
+    return parser
+
+
+EXTRA_COMMANDS: list[Callable[[Any], None]] = []
+"""Subcommand registrars added by feature modules (report, compare, profiles derive...)."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except GpuClusterError as exc:
+        print(f"gpucluster: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

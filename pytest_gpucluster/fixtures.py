@@ -1,0 +1,63 @@
+"""Fixtures the plugin gives every test: hw, machine, cluster, hostfile, nccl_env, results.
+
+Registered by plugin.py once the session has started. The ``process_group`` fixture for
+rank-side tests lives with the rank-test machinery (rank_tests.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pytest_gpucluster.errors import GpuClusterError
+from pytest_gpucluster.profiles.detect import MachineInfo
+from pytest_gpucluster.profiles.schema import ProfileModel
+from pytest_gpucluster.results.recorder import Recorder
+from pytest_gpucluster.session import GpuClusterSession
+
+
+def _session(request: pytest.FixtureRequest) -> GpuClusterSession:
+    from pytest_gpucluster.plugin import get_session
+
+    return get_session(request.config)
+
+
+@pytest.fixture(scope="session")
+def gpucluster_session(request: pytest.FixtureRequest) -> GpuClusterSession:
+    """The whole session object (profile, settings, machine, recorder)."""
+    return _session(request)
+
+
+@pytest.fixture(scope="session")
+def hw(gpucluster_session: GpuClusterSession) -> ProfileModel:
+    """The selected hardware profile, validated, with ``extends:`` merged."""
+    return gpucluster_session.profile.model
+
+
+@pytest.fixture(scope="session")
+def machine(gpucluster_session: GpuClusterSession) -> MachineInfo:
+    """What was detected on the machine running pytest."""
+    return gpucluster_session.machine
+
+
+@pytest.fixture(scope="session")
+def hostfile(gpucluster_session: GpuClusterSession) -> Any:
+    """The parsed ``--hostfile`` (None when running on the local machine only)."""
+    try:
+        return gpucluster_session.hostfile
+    except GpuClusterError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def nccl_env(gpucluster_session: GpuClusterSession) -> dict[str, str]:
+    """The profile's NCCL environment merged with the user's own ``NCCL_*`` variables (which win)."""
+    return dict(gpucluster_session.nccl_env)
+
+
+@pytest.fixture
+def results(gpucluster_session: GpuClusterSession, request: pytest.FixtureRequest) -> Recorder:
+    """The recorder: ``results.check(metric, value, threshold, unit=..., scope=..., labels=...)``."""
+    gpucluster_session.recorder.current_test = request.node.nodeid
+    return gpucluster_session.recorder

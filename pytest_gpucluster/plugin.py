@@ -1,0 +1,202 @@
+"""pytest hooks of pytest-gpucluster: options, markers, session start, skips, header, summary.
+
+Hook glue only: the work lives in options.py, session.py, fixtures.py, results/ and launch/.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+
+from pytest_gpucluster import fixtures as _fixtures
+from pytest_gpucluster.errors import GpuClusterError, JobFailed, LaunchError
+from pytest_gpucluster.options import add_options, resolve_settings
+from pytest_gpucluster.results.model import Measurement, TestOutcome
+from pytest_gpucluster.results.recorder import ThresholdFailure
+from pytest_gpucluster.session import GpuClusterSession
+
+SESSION_KEY = pytest.StashKey[GpuClusterSession]()
+_MEASUREMENT_PROPERTY = "gpucluster_measurement"
+
+MARKERS = (
+    "gpucluster(min_nodes=1, min_gpus_per_node=0, needs=[...]): run only where the profile and the detected "
+    "machine provide this; otherwise skip naming what is missing. needs: cuda, nccl, nvml, nvlink, ib, roce, "
+    "efa, slurm, mpi, multi-node",
+    "world_size(n): run this test body on n ranks through the launcher (use the process_group fixture)",
+    "burnin: burn-in checks (per-node health, stragglers, pairwise localization); select with -m burnin",
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    add_options(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for marker in MARKERS:
+        config.addinivalue_line("markers", marker)
+    if config.option.help or config.option.version or getattr(config.option, "markers", False):
+        return
+    try:
+        settings = resolve_settings(config)
+        session = GpuClusterSession.start(config, settings)
+    except GpuClusterError as exc:
+        raise pytest.UsageError(f"gpucluster: {exc}") from None
+    config.stash[SESSION_KEY] = session
+    config.pluginmanager.register(_ResultsHooks(session), "gpucluster-results")
+    config.pluginmanager.register(_fixtures, "gpucluster-fixtures")
+    try:
+        from pytest_gpucluster import rank_tests
+    except ImportError:  # the rank-test machinery lands with the launcher
+        rank_tests = None  # type: ignore[assignment]
+    if rank_tests is not None:
+        config.pluginmanager.register(rank_tests, "gpucluster-rank-tests")
+
+
+def get_session(config: pytest.Config) -> GpuClusterSession:
+    try:
+        return config.stash[SESSION_KEY]
+    except KeyError:
+        raise pytest.UsageError("gpucluster: the plugin did not start (see the error above)") from None
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    session = config.stash.get(SESSION_KEY, None)
+    return session.header_lines() if session else []
+
+
+def _marker_requirements(item: pytest.Item, session: GpuClusterSession) -> list[str]:
+    """Each unmet requirement of the item's gpucluster markers, as a sentence."""
+    missing: list[str] = []
+    machine = session.machine
+    for mark in item.iter_markers("gpucluster"):
+        min_nodes = int(mark.kwargs.get("min_nodes", 1))
+        if session.available_nodes < min_nodes:
+            missing.append(
+                f"needs {min_nodes} nodes, the cluster has {session.available_nodes} "
+                f"({'hostfile ' + str(session.settings['gpucluster_hostfile']) if session.hostfile else 'local machine only; pass --hostfile'})"
+            )
+        min_gpus = int(mark.kwargs.get("min_gpus_per_node", 0))
+        if min_gpus and machine.gpu_count < min_gpus:
+            missing.append(f"needs {min_gpus} GPUs per node, {machine.hostname} has {machine.gpu_count}")
+        for need in mark.kwargs.get("needs", ()):
+            if need == "multi-node":
+                if session.available_nodes < 2:
+                    missing.append("needs multi-node: the cluster has 1 node (pass --hostfile with 2+ hosts)")
+            elif need not in machine.capabilities:
+                missing.append(f"needs {need}: {machine.why_missing(need)}")
+    return missing
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    session = item.config.stash.get(SESSION_KEY, None)
+    if session is None:
+        return
+    session.recorder.current_test = item.nodeid
+    missing = _marker_requirements(item, session)
+    if missing:
+        pytest.skip("; ".join(missing))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    report = yield
+    session = item.config.stash.get(SESSION_KEY, None)
+    if session is None or call.when != "call":
+        return report
+    # Measurements travel on the report: pytest-xdist sends them to the controller, and JUnit XML
+    # shows them as properties.
+    for m in session.recorder.measurements:
+        if m.test_id == item.nodeid:
+            report.user_properties.append((_MEASUREMENT_PROPERTY, json.dumps(m.to_json())))
+    if call.excinfo is not None:
+        report.gpucluster_category = _category(call.excinfo)  # type: ignore[attr-defined]
+    return report
+
+
+def _category(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
+    if excinfo.errisinstance(ThresholdFailure):
+        return "performance"
+    if excinfo.errisinstance((JobFailed, LaunchError)):
+        return "infrastructure"
+    if excinfo.errisinstance(pytest.skip.Exception):
+        return "skipped"
+    return "failure"
+
+
+class _ResultsHooks:
+    """Hooks that need the session: registered in pytest_configure with it bound."""
+
+    def __init__(self, session: GpuClusterSession) -> None:
+        self.session = session
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        recorder = self.session.recorder
+        if self.session.is_xdist_worker:
+            return
+        from_worker = hasattr(report, "node")
+        if from_worker and report.when == "call":
+            for name, payload in report.user_properties:
+                if name == _MEASUREMENT_PROPERTY:
+                    recorder.measurements.append(Measurement.from_json(json.loads(payload)))
+        if (
+            report.when == "call"
+            or (report.when == "setup" and not report.passed)
+            or (report.when == "teardown" and report.failed)
+        ):
+            recorder.add_outcome(_outcome(report))
+
+
+def _outcome(report: pytest.TestReport) -> TestOutcome:
+    if report.skipped:
+        category = "skipped"
+        message = (
+            str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else str(report.longrepr or "")
+        )
+    elif report.passed:
+        category, message = "pass", ""
+    else:
+        category = getattr(report, "gpucluster_category", None) or _category_from_text(report)
+        message = report.longreprtext.strip().splitlines()[-1] if report.longreprtext else ""
+    outcome = report.outcome if report.when == "call" else ("error" if report.failed else report.outcome)
+    return TestOutcome(
+        test_id=report.nodeid,
+        outcome=outcome,  # type: ignore[arg-type]
+        category=category,  # type: ignore[arg-type]
+        duration_s=round(report.duration, 3),
+        message=message[:2000],
+    )
+
+
+def _category_from_text(report: pytest.TestReport) -> str:
+    text = report.longreprtext or ""
+    if "ThresholdFailure" in text:
+        return "performance"
+    if "JobFailed" in text or "LaunchError" in text:
+        return "infrastructure"
+    return "failure"
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    session = config.stash.get(SESSION_KEY, None)
+    if session is None or session.is_xdist_worker:
+        return
+    from pytest_gpucluster.results.summary import summary_lines
+
+    session.recorder.flush()
+    terminalreporter.section("gpucluster summary")
+    for line in summary_lines(session.recorder, session.results_dir):
+        terminalreporter.write_line(line)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    session = config.stash.get(SESSION_KEY, None)
+    if session is not None and not session.is_xdist_worker:
+        try:
+            session.recorder.flush()
+        except OSError as exc:  # a full disk must not hide the test results
+            print(f"gpucluster: could not write {session.recorder.path}: {exc}", file=sys.stderr)

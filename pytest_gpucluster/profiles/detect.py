@@ -1,0 +1,159 @@
+"""What this machine has, and which profile fits it when ``--hw=auto``.
+
+The probe is cheap on a machine without NVIDIA hardware: with no ``nvidia-smi`` on PATH and no
+``/dev/nvidia*`` device it concludes "no CUDA device" without importing torch. Only where a GPU may
+exist does it import torch (and, if installed, NVML) to read device names.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pytest_gpucluster.errors import ProfileError
+
+__all__ = ["MachineInfo", "choose_profile", "detect_machine"]
+
+
+@dataclass(frozen=True, slots=True)
+class MachineInfo:
+    hostname: str
+    cuda_available: bool
+    gpu_names: tuple[str, ...] = ()
+    cpu_count: int = 1
+    capabilities: frozenset[str] = field(default_factory=frozenset)
+    reasons: dict[str, str] = field(default_factory=dict)
+    """Why each missing capability is missing, in words (shown in skip reasons)."""
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpu_names)
+
+    def why_missing(self, capability: str) -> str:
+        return self.reasons.get(capability, f"{capability} not detected on {self.hostname}")
+
+
+def _nvidia_present() -> bool:
+    return shutil.which("nvidia-smi") is not None or any(Path("/dev").glob("nvidia[0-9]*"))
+
+
+def _ib_devices() -> dict[str, str]:
+    """InfiniBand/RoCE/EFA devices -> link layer ('InfiniBand' or 'Ethernet'), from sysfs."""
+    devices: dict[str, str] = {}
+    root = Path("/sys/class/infiniband")
+    if not root.is_dir():
+        return devices
+    for dev in root.iterdir():
+        layer = "unknown"
+        for port in sorted((dev / "ports").glob("*")):
+            try:
+                layer = (port / "link_layer").read_text().strip()
+                break
+            except OSError:
+                continue
+        devices[dev.name] = layer
+    return devices
+
+
+def detect_machine() -> MachineInfo:
+    hostname = socket.gethostname()
+    caps: set[str] = set()
+    reasons: dict[str, str] = {}
+    gpu_names: tuple[str, ...] = ()
+    cuda = False
+    if _nvidia_present():
+        try:
+            import torch
+
+            cuda = torch.cuda.is_available()
+            if cuda:
+                gpu_names = tuple(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+                caps.add("cuda")
+                if torch.distributed.is_available() and torch.distributed.is_nccl_available():
+                    caps.add("nccl")
+                else:
+                    reasons["nccl"] = "this torch build has no NCCL backend"
+            else:
+                reasons["cuda"] = (
+                    f"nvidia-smi is present on {hostname} but torch.cuda.is_available() is False"
+                )
+        except ImportError:
+            reasons["cuda"] = "torch is not installed"
+    else:
+        reasons["cuda"] = f"no CUDA device on {hostname} (no nvidia-smi, no /dev/nvidia*)"
+    reasons.setdefault("nccl", reasons.get("cuda", "NCCL needs CUDA"))
+    if cuda:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            caps.add("nvml")
+            if _any_nvlink_active(pynvml, len(gpu_names)):
+                caps.add("nvlink")
+            else:
+                reasons["nvlink"] = f"NVML reports no active NVLink on {hostname}"
+        except Exception as exc:  # ImportError or an NVML error: both mean "no NVML here"
+            reasons["nvml"] = f"NVML unavailable ({type(exc).__name__}: {exc}); pip install nvidia-ml-py"
+    reasons.setdefault("nvml", reasons.get("cuda", "NVML needs an NVIDIA driver"))
+    reasons.setdefault("nvlink", reasons.get("nvml", "NVLink needs NVML"))
+    ib = _ib_devices()
+    if any(layer == "InfiniBand" for layer in ib.values()):
+        caps.add("ib")
+    if any(layer == "Ethernet" for name, layer in ib.items() if not name.startswith("efa")):
+        caps.add("roce")
+    if any(name.startswith(("efa", "rdmap")) for name in ib):
+        caps.add("efa")
+    for cap in ("ib", "roce", "efa"):
+        reasons.setdefault(cap, f"no {cap.upper()} device under /sys/class/infiniband on {hostname}")
+    if os.environ.get("SLURM_JOB_ID") or shutil.which("srun"):
+        caps.add("slurm")
+    else:
+        reasons["slurm"] = "not inside a Slurm allocation and no srun on PATH"
+    if shutil.which("mpirun"):
+        caps.add("mpi")
+    else:
+        reasons["mpi"] = "no mpirun on PATH (Debian: apt-get install openmpi-bin)"
+    return MachineInfo(
+        hostname=hostname,
+        cuda_available=cuda,
+        gpu_names=gpu_names,
+        cpu_count=os.cpu_count() or 1,
+        capabilities=frozenset(caps),
+        reasons=reasons,
+    )
+
+
+def _any_nvlink_active(pynvml: object, count: int) -> bool:
+    nvml = pynvml  # NVML's Python binding has no type stubs
+    for index in range(count):
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)  # type: ignore[attr-defined]
+        for link in range(18):
+            try:
+                if nvml.nvmlDeviceGetNvLinkState(handle, link):  # type: ignore[attr-defined]
+                    return True
+            except Exception:  # links beyond the device's count raise
+                break
+    return False
+
+
+def choose_profile(machine: MachineInfo, gpu_models: Iterable[tuple[str, str | None]]) -> tuple[str, str]:
+    """Pick a profile for ``--hw=auto``: (name, reason). ``gpu_models`` is (profile, gpu_model) pairs."""
+    if not machine.cuda_available:
+        return "cpu-local", f"auto: {machine.why_missing('cuda')}"
+    device = machine.gpu_names[0] if machine.gpu_names else ""
+    matches = sorted(name for name, model in gpu_models if model and model.lower() in device.lower())
+    if len(matches) == 1:
+        return matches[0], f"auto: GPU {device!r} matches gpu_model of {matches[0]}"
+    known = ", ".join(f"{name} ({model})" for name, model in sorted(gpu_models, key=lambda x: x[0]) if model)
+    if not matches:
+        raise ProfileError(
+            f"--hw=auto: no shipped profile matches GPU {device!r}. Known profiles: {known}. "
+            "Pass --hw=<name> or --hw=path/to/profile.yaml."
+        )
+    raise ProfileError(
+        f"--hw=auto: GPU {device!r} matches several profiles ({', '.join(matches)}); pass --hw=<name>."
+    )

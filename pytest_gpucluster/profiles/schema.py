@@ -1,0 +1,254 @@
+"""The typed schema of a hardware profile (``thresholds/<name>.yaml``).
+
+Every section is a pydantic model that refuses unknown keys (a typo such as ``min_bwsbw``
+must not silently disable a check) and parses quantities with units into canonical units:
+bandwidth in bytes/s, sizes in bytes, durations in seconds, percentages as fractions,
+compute rates in FLOP/s. The loader turns validation errors into messages naming the file,
+key path and line. Field docstrings are the reference of the format (thresholds/README.md).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from pytest_gpucluster.profiles.quantities import (
+    parse_bandwidth,
+    parse_bytes,
+    parse_duration,
+    parse_flops,
+    parse_fraction,
+)
+
+Bandwidth = Annotated[float, BeforeValidator(parse_bandwidth)]
+"""Bytes per second; written ``"115GB/s"`` or ``"920Gbps"``."""
+Size = Annotated[float, BeforeValidator(parse_bytes)]
+"""Bytes; written ``"64MiB"``, ``"16GB"`` or a bare byte count."""
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+"""Seconds; written ``"7.8s"``, ``"50us"``."""
+Fraction = Annotated[float, BeforeValidator(parse_fraction)]
+"""A fraction; written ``"92%"`` or ``0.92``."""
+FlopRate = Annotated[float, BeforeValidator(parse_flops)]
+"""FLOP/s; written ``"989TFLOP/s"``."""
+
+CollectiveName = Literal[
+    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "alltoall", "sendrecv"
+]
+Scope = Literal["intra-node", "inter-node", "full"]
+Capability = Literal["cuda", "nccl", "nvml", "nvlink", "ib", "roce", "efa", "slurm", "mpi", "multi-node"]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+
+class ClusterSection(Section):
+    """What the cluster is: the inventory test compares the detected machine with this."""
+
+    nodes: int = Field(1, ge=1, description="Number of nodes the full-scale tests use.")
+    gpus_per_node: int = Field(0, ge=0, description="GPUs per node; 0 for a CPU-only profile.")
+    ranks_per_node: int | None = Field(
+        None, ge=1, description="Ranks per node; defaults to gpus_per_node (2 on a CPU profile)."
+    )
+    device: Literal["cpu", "cuda"] = "cuda"
+    gpu_model: str | None = Field(
+        None, description="Substring of the device name, e.g. 'H200' matches 'NVIDIA H200'."
+    )
+    gpu_memory: Size | None = None
+    backend: Literal["gloo", "nccl"] = "nccl"
+    interconnects: tuple[Literal["nvlink", "pcie", "ib", "roce", "efa", "ethernet", "shm"], ...] = ()
+    peak_flops: FlopRate | None = Field(
+        None, description="Dense bf16/fp16 peak per device (MFU denominator)."
+    )
+    memory_bandwidth: Bandwidth | None = None
+    nvlink_bandwidth: Bandwidth | None = Field(None, description="NVLink bandwidth per direction per GPU.")
+    nics_per_node: int | None = Field(None, ge=0)
+    nic_line_rate: Bandwidth | None = None
+
+    @property
+    def effective_ranks_per_node(self) -> int:
+        if self.ranks_per_node is not None:
+            return self.ranks_per_node
+        return self.gpus_per_node if self.gpus_per_node > 0 else 2
+
+    @model_validator(mode="after")
+    def _cpu_has_no_gpus(self) -> ClusterSection:
+        if self.device == "cpu" and self.backend == "nccl":
+            raise ValueError("a cpu profile cannot use the nccl backend; use backend: gloo")
+        if self.device == "cuda" and self.gpus_per_node == 0:
+            raise ValueError("a cuda profile needs gpus_per_node >= 1")
+        return self
+
+
+class SweepSettings(Section):
+    """Like nccl-tests' ``-b -e -f -w -n -c``."""
+
+    min_bytes: Size = 1024
+    max_bytes: Size = 64 * 2**20
+    factor: float = Field(2.0, gt=1.0)
+    warmup: int = Field(5, ge=0)
+    iters: int = Field(20, ge=1)
+    dtype: Literal["float32", "float16", "bfloat16", "float64", "int32", "int64", "int8", "uint8"] = "float32"
+    op: Literal["sum", "prod", "max", "min", "avg"] = "sum"
+    check: bool = True
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SweepSettings:
+        if self.max_bytes < self.min_bytes:
+            raise ValueError(f"max_bytes ({self.max_bytes:.0f}) is below min_bytes ({self.min_bytes:.0f})")
+        return self
+
+
+class CollectiveCheck(Section):
+    """One gated point: a collective, a scope and a message size, with its floor and/or ceiling."""
+
+    collective: CollectiveName
+    scope: Scope = "intra-node"
+    size: Size
+    min_busbw: Bandwidth | None = None
+    max_latency: Duration | None = None
+    source: str | None = Field(None, description="Where the number comes from (seed, public figure).")
+
+    @model_validator(mode="after")
+    def _has_threshold(self) -> CollectiveCheck:
+        if self.min_busbw is None and self.max_latency is None:
+            raise ValueError("a check needs min_busbw or max_latency (or both)")
+        return self
+
+
+class CollectivesSection(Section):
+    repeat: int = Field(3, ge=1, description="Each point is measured this many times; the median is gated.")
+    sweep: SweepSettings = Field(default_factory=SweepSettings)
+    checks: tuple[CollectiveCheck, ...] = ()
+    nccl_tests_dir: str | None = None
+
+
+class NetPluginExpectation(Section):
+    name: str
+    min_version: str | None = None
+
+
+class NcclSection(Section):
+    """What NCCL must report having used (checked in the NCCL_DEBUG=INFO log of every rank)."""
+
+    network: str | None = Field(None, description="As NCCL names it in 'Using network X': IB, Socket, ...")
+    net_plugin: NetPluginExpectation | None = Field(
+        None, description="Expected external net plugin; write null to require that none is loaded."
+    )
+    provider: str | None = None
+    gdr: bool | None = None
+    nvls: bool | None = None
+    min_version: str | None = None
+
+
+class NvlinkSection(Section):
+    links_per_gpu: int | None = Field(None, ge=0)
+    topology: str | None = Field(None, description="Expected topo -m cell between every GPU pair, e.g. NV18.")
+    min_link_speed: Bandwidth | None = None
+    min_counter_fraction: Fraction | None = None
+    min_speedup: float | None = Field(
+        None,
+        gt=0,
+        description="Busbw with the fast path over busbw without it (NCCL_P2P_DISABLE=1; on CPU: shm over gloo).",
+    )
+    speedup_sizes: tuple[Size, ...] = (16 * 2**20,)
+    min_busbw: Bandwidth | None = None
+    isolated_intra_min_busbw: Bandwidth | None = None
+    isolated_inter_min_busbw: Bandwidth | None = None
+
+
+class SftCase(Section):
+    """One supervised fine-tuning run and its thresholds."""
+
+    name: str
+    model: str = Field(description="A named shape (llama2-7b, tiny, ...) or a local model path.")
+    nodes: int = Field(1, ge=1)
+    ranks_per_node: int | None = Field(None, ge=1)
+    zero_stage: int = Field(2, ge=0, le=3)
+    offload: Literal["none", "optimizer", "optimizer+params"] = "none"
+    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    micro_batch: int = Field(1, ge=1)
+    grad_accum: int = Field(1, ge=1)
+    seq_len: int = Field(512, ge=8)
+    steps: int = Field(10, ge=2)
+    warmup_steps: int = Field(2, ge=0)
+    gradient_checkpointing: bool = False
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = None
+    max_step_time: Duration | None = None
+    min_samples_per_s: float | None = Field(None, gt=0)
+    min_tokens_per_s_per_gpu: float | None = Field(None, gt=0)
+    min_mfu: Fraction | None = None
+    max_peak_memory: Size | None = None
+    min_gpu_util: Fraction | None = None
+    source: str | None = None
+
+
+class ScalingStep(Section):
+    from_nodes: int = Field(ge=1)
+    to_nodes: int = Field(ge=1)
+    min_efficiency: Fraction
+
+    @model_validator(mode="after")
+    def _grows(self) -> ScalingStep:
+        if self.to_nodes <= self.from_nodes:
+            raise ValueError(f"to_nodes ({self.to_nodes}) must exceed from_nodes ({self.from_nodes})")
+        return self
+
+
+class ScalingSection(Section):
+    case: str = Field(description="Name of the sft case that is repeated at each node count.")
+    unit: Literal["nodes", "ranks"] = Field(
+        "nodes", description="What the counts mean; 'ranks' on a single-node CPU profile."
+    )
+    steps: tuple[ScalingStep, ...]
+    source: str | None = None
+
+
+class SftSection(Section):
+    cases: tuple[SftCase, ...] = ()
+
+    @field_validator("cases")
+    @classmethod
+    def _unique_names(cls, cases: tuple[SftCase, ...]) -> tuple[SftCase, ...]:
+        seen: set[str] = set()
+        for case in cases:
+            if case.name in seen:
+                raise ValueError(f"two sft cases are named {case.name!r}; names must be unique")
+            seen.add(case.name)
+        return cases
+
+
+class ProfileModel(Section):
+    """A whole profile, after ``extends:`` has been merged."""
+
+    name: str
+    description: str
+    extends: str | None = None
+    cluster: ClusterSection
+    nccl_env: dict[str, str] = Field(default_factory=dict)
+    collectives: CollectivesSection = Field(default_factory=CollectivesSection)
+    nccl: NcclSection | None = None
+    nvlink: NvlinkSection | None = None
+    sft: SftSection = Field(default_factory=SftSection)
+    scaling: ScalingSection | None = None
+    versions: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("nccl_env", mode="before")
+    @classmethod
+    def _env_values_are_strings(cls, env: Any) -> Any:
+        if isinstance(env, dict):
+            for key, value in env.items():
+                if not isinstance(key, str) or not key.isidentifier():
+                    raise ValueError(f"environment variable name {key!r} is not a valid name")
+                if isinstance(value, (dict, list)):
+                    raise ValueError(f"{key} must be a string or number, got {type(value).__name__}")
+            return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in env.items()}
+        return env
+
+    @model_validator(mode="after")
+    def _scaling_case_exists(self) -> ProfileModel:
+        if self.scaling is not None and self.scaling.case not in {c.name for c in self.sft.cases}:
+            names = ", ".join(c.name for c in self.sft.cases) or "none"
+            raise ValueError(f"scaling.case {self.scaling.case!r} is not an sft case (cases: {names})")
+        return self

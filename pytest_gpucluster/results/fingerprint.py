@@ -1,0 +1,92 @@
+"""The environment fingerprint stored in results.json: what was tested, with which software.
+
+Two runs are only comparable when their fingerprints are; the baseline gate diffs them so a
+report can say "NCCL 2.21.5 -> 2.23.4". Secrets never enter it: only ``NCCL_*`` variables (and
+a few named launcher ones) are kept, and any value whose name looks secret is redacted.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import socket
+from collections.abc import Mapping
+from importlib import metadata
+from typing import Any
+
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|PRIVATE|AUTH", re.IGNORECASE)
+_KEPT_PREFIXES = ("NCCL_", "FI_", "UCX_", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME")
+
+
+def redact(env: Mapping[str, str]) -> dict[str, str]:
+    """Keep what shapes communication performance; redact anything that looks like a secret."""
+    kept: dict[str, str] = {}
+    for name, value in sorted(env.items()):
+        if not name.startswith(_KEPT_PREFIXES):
+            continue
+        kept[name] = "<redacted>" if _SECRET_NAME.search(name) else value
+    return kept
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def software_versions() -> dict[str, str | None]:
+    """Package versions without importing the packages (no torch import at session start)."""
+    return {
+        "python": platform.python_version(),
+        "torch": _version("torch"),
+        "deepspeed": _version("deepspeed"),
+        "transformers": _version("transformers"),
+        "pytest": _version("pytest"),
+        "pytest-gpucluster": _version("pytest-gpucluster"),
+    }
+
+
+def device_versions(cuda_available: bool) -> dict[str, Any]:
+    """Driver, CUDA and NCCL versions where a GPU is present; nulls otherwise."""
+    info: dict[str, Any] = {"driver": None, "cuda": None, "nccl": None}
+    if not cuda_available:
+        return info
+    try:
+        import torch
+
+        info["cuda"] = torch.version.cuda
+        nccl = torch.cuda.nccl.version()
+        info["nccl"] = ".".join(str(p) for p in nccl) if isinstance(nccl, tuple) else str(nccl)
+    except Exception as exc:  # a broken CUDA install must not stop the results file
+        info["error"] = f"{type(exc).__name__}: {exc}"
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        info["driver"] = driver.decode() if isinstance(driver, bytes) else driver
+    except Exception:
+        pass
+    return info
+
+
+def fingerprint(
+    *,
+    hosts: list[str],
+    gpu_names: list[str],
+    cuda_available: bool,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    env = os.environ if environ is None else environ
+    return {
+        "hostname": socket.gethostname(),
+        "hosts": hosts,
+        "gpu_model": gpu_names[0] if gpu_names else None,
+        "gpu_count": len(gpu_names),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "versions": {**software_versions(), **device_versions(cuda_available)},
+        "environment": redact(env),
+    }

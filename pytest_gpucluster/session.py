@@ -1,0 +1,174 @@
+"""The session object: owns the resolved settings, the profile, the detected machine, the
+cluster handle and the results recorder. `plugin.py` creates one per pytest process and keeps
+it under a typed StashKey; fixtures read it from there.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_gpucluster.errors import GpuClusterError, ProfileError
+from pytest_gpucluster.options import Settings
+from pytest_gpucluster.profiles.detect import MachineInfo, choose_profile, detect_machine
+from pytest_gpucluster.profiles.loader import LoadedProfile, known_profiles, load_profile
+from pytest_gpucluster.results.fingerprint import fingerprint, redact
+from pytest_gpucluster.results.recorder import Recorder
+
+RESULTS_DIR_ENV = "_GPUCLUSTER_SESSION_RESULTS_DIR"
+"""Set by the controlling process so pytest-xdist workers write into the same results directory."""
+
+
+@dataclass
+class GpuClusterSession:
+    settings: Settings
+    machine: MachineInfo
+    profile: LoadedProfile
+    profile_reason: str
+    results_dir: Path
+    recorder: Recorder
+    is_xdist_worker: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, config: pytest.Config, settings: Settings) -> GpuClusterSession:
+        machine = detect_machine()
+        extra_dirs = [settings["gpucluster_thresholds_dir"]] if settings["gpucluster_thresholds_dir"] else []
+        hw = settings["gpucluster_hw"]
+        if hw == "auto":
+            models = []
+            for name, path in known_profiles(extra_dirs).items():
+                try:
+                    models.append((name, load_profile(str(path), extra_dirs).model.cluster.gpu_model))
+                except ProfileError:
+                    continue  # a broken profile only matters when it is selected
+            name, reason = choose_profile(machine, models)
+        else:
+            name, reason = hw, f"--hw={hw} from {settings.source('gpucluster_hw')}"
+        profile = load_profile(name, extra_dirs)
+        results_dir = _results_dir(settings)
+        worker = hasattr(config, "workerinput")
+        recorder = Recorder(path=results_dir / "results.json")
+        session = cls(
+            settings=settings,
+            machine=machine,
+            profile=profile,
+            profile_reason=reason,
+            results_dir=results_dir,
+            recorder=recorder,
+            is_xdist_worker=worker,
+        )
+        recorder.header = session.header_record()
+        return session
+
+    def header_record(self) -> dict[str, Any]:
+        model = self.profile.model
+        return {
+            "profile": {
+                "name": model.name,
+                "path": str(self.profile.path),
+                "chain": [str(p) for p in self.profile.chain],
+                "sha256": self.profile.sha256,
+                "reason": self.profile_reason,
+            },
+            "settings": {
+                dest: {"value": _plain(s.value), "source": s.source}
+                for dest, s in self.settings.values.items()
+            },
+            "fingerprint": fingerprint(
+                hosts=self.hosts,
+                gpu_names=list(self.machine.gpu_names),
+                cuda_available=self.machine.cuda_available,
+            ),
+            "nccl_env": redact(self.nccl_env),
+        }
+
+    @cached_property
+    def nccl_env(self) -> dict[str, str]:
+        """The profile's NCCL environment; the user's own ``NCCL_*`` variables win."""
+        env = dict(self.profile.model.nccl_env)
+        env.update({k: v for k, v in os.environ.items() if k.startswith("NCCL_")})
+        return env
+
+    @cached_property
+    def hostfile(self) -> Any:
+        path = self.settings["gpucluster_hostfile"]
+        if path is None:
+            return None
+        from pytest_gpucluster.cluster.hostfile import read_hostfile
+
+        return read_hostfile(path)
+
+    @property
+    def hosts(self) -> list[str]:
+        if self.hostfile is not None:
+            return list(self.hostfile.hosts)
+        if os.environ.get("SLURM_JOB_NODELIST") and self.settings["gpucluster_launcher"] == "slurm":
+            from pytest_gpucluster.cluster.nodelist import expand_nodelist
+
+            return expand_nodelist(os.environ["SLURM_JOB_NODELIST"])
+        return [self.machine.hostname]
+
+    @property
+    def available_nodes(self) -> int:
+        requested = self.settings["gpucluster_nnodes"]
+        return min(requested, len(self.hosts)) if requested else len(self.hosts)
+
+    @property
+    def ranks_per_node(self) -> int:
+        return (
+            self.settings["gpucluster_nproc_per_node"] or self.profile.model.cluster.effective_ranks_per_node
+        )
+
+    @property
+    def backend(self) -> str:
+        return self.profile.model.cluster.backend
+
+    def header_lines(self) -> list[str]:
+        cluster = self.profile.model.cluster
+        nodes = self.available_nodes
+        lines = [
+            f"gpucluster: profile {self.profile.name} ({self.profile_reason}), "
+            f"{nodes} node{'s' if nodes != 1 else ''} x {self.ranks_per_node} ranks, backend {cluster.backend}, "
+            f"launcher {self.settings['gpucluster_launcher']}",
+            f"gpucluster: thresholds {self.profile.path} (sha256 {self.profile.sha256[:12]})",
+            f"gpucluster: results -> {self.results_dir}",
+        ]
+        if self.settings.dry_run:
+            lines.append("gpucluster: dry run — commands are printed, nothing is launched")
+        return lines
+
+    def cluster_error(self) -> GpuClusterError | None:
+        """Why a cluster handle cannot be built (bad hostfile...), or None."""
+        try:
+            _ = self.hostfile
+        except GpuClusterError as exc:
+            return exc
+        return None
+
+
+def _results_dir(settings: Settings) -> Path:
+    explicit = settings["gpucluster_results_dir"]
+    if explicit is not None:
+        path = Path(explicit)
+    elif os.environ.get(RESULTS_DIR_ENV):
+        path = Path(os.environ[RESULTS_DIR_ENV])
+    else:
+        path = Path("gpucluster-results") / time.strftime("%Y%m%d-%H%M%S")
+    path = path.resolve()
+    os.environ[RESULTS_DIR_ENV] = str(path)
+    return path
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
