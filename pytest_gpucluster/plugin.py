@@ -21,6 +21,18 @@ from pytest_gpucluster.session import GpuClusterSession
 
 SESSION_KEY = pytest.StashKey[GpuClusterSession]()
 _MEASUREMENT_PROPERTY = "gpucluster_measurement"
+_RELEVANT_PROPERTY = "gpucluster_test"
+_FIXTURES = frozenset(
+    {"hw", "machine", "cluster", "hostfile", "nccl_env", "results", "process_group", "gpucluster_session"}
+)
+
+
+def _uses_gpucluster(item: pytest.Item) -> bool:
+    """Only tests that use the plugin's fixtures or markers count in results.json and the summary."""
+    if set(getattr(item, "fixturenames", ())) & _FIXTURES:
+        return True
+    return any(item.get_closest_marker(name) is not None for name in ("gpucluster", "world_size", "burnin"))
+
 
 MARKERS = (
     "gpucluster(min_nodes=1, min_gpus_per_node=0, needs=[...]): run only where the profile and the detected "
@@ -106,7 +118,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     report = yield
     session = item.config.stash.get(SESSION_KEY, None)
-    if session is None or call.when != "call":
+    if session is None:
+        return report
+    relevant = _uses_gpucluster(item)
+    if relevant and not any(name == _RELEVANT_PROPERTY for name, _ in report.user_properties):
+        report.user_properties.append((_RELEVANT_PROPERTY, "1"))
+    if call.when != "call":
         return report
     # Measurements travel on the report: pytest-xdist sends them to the controller, and JUnit XML
     # shows them as properties.
@@ -143,6 +160,8 @@ class _ResultsHooks:
             for name, payload in report.user_properties:
                 if name == _MEASUREMENT_PROPERTY:
                     recorder.measurements.append(Measurement.from_json(json.loads(payload)))
+        if not any(name == _RELEVANT_PROPERTY for name, _ in report.user_properties):
+            return
         if (
             report.when == "call"
             or (report.when == "setup" and not report.passed)
@@ -185,6 +204,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     session = config.stash.get(SESSION_KEY, None)
     if session is None or session.is_xdist_worker:
         return
+    if not session.recorder.outcomes and not session.recorder.measurements:
+        return  # no test used the plugin: stay out of the way
     from pytest_gpucluster.results.summary import summary_lines
 
     session.recorder.flush()
@@ -195,7 +216,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
-    if session is not None and not session.is_xdist_worker:
+    if (
+        session is not None
+        and not session.is_xdist_worker
+        and (session.recorder.outcomes or session.recorder.measurements)
+    ):
         try:
             session.recorder.flush()
         except OSError as exc:  # a full disk must not hide the test results

@@ -139,6 +139,9 @@ def _read(path: Path) -> _RawProfile:
         mark = getattr(exc, "problem_mark", None)
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
+        context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+        if context and context_mark is not None:
+            problem += f" ({context}, which started at line {context_mark.line + 1})"
         raise ProfileError(f"{path}{where}: invalid YAML: {problem}") from None
     if data is None:
         raise ProfileError(

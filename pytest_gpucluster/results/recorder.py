@@ -59,7 +59,7 @@ def format_value(value: float, unit: str) -> str:
     return f"{value:.4g} {unit}".rstrip()
 
 
-@dataclass
+@dataclass(repr=False)
 class Recorder:
     """Collects measurements and outcomes and keeps ``results.json`` current on disk."""
 
@@ -72,6 +72,9 @@ class Recorder:
     on_measurement: Callable[[Measurement], None] | None = None
     started_at: float = field(default_factory=time.time)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __repr__(self) -> str:
+        return f"<Recorder {self.path} ({len(self.measurements)} measurements)>"
 
     def check(
         self,

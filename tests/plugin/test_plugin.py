@@ -1,0 +1,138 @@
+"""Plugin behaviour seen from outside: options, precedence, header, skips, errors (pytester)."""
+
+import json
+
+import pytest
+
+INVENTORY_LIKE = """
+import pytest
+
+def test_uses_profile(hw, results):
+    results.check("demo.value", 2.0, 1.0, unit="x")
+
+@pytest.mark.gpucluster(needs=["nvlink"])
+def test_needs_nvlink(hw):
+    pass
+
+@pytest.mark.gpucluster(min_nodes=2)
+def test_needs_two_nodes(hw):
+    pass
+"""
+
+
+@pytest.fixture
+def run(pytester, tmp_path, monkeypatch):
+    monkeypatch.delenv("GPUCLUSTER_HW", raising=False)
+    monkeypatch.delenv("_GPUCLUSTER_SESSION_RESULTS_DIR", raising=False)
+
+    def _run(*args, source=INVENTORY_LIKE):
+        pytester.makepyfile(test_demo=source)
+        return pytester.runpytest_inprocess("-rs", f"--results-dir={tmp_path / 'res'}", *args)
+
+    return _run
+
+
+def test_header_names_auto_profile_and_reason(run):
+    result = run()
+    result.stdout.fnmatch_lines(
+        [
+            "gpucluster: profile cpu-local (auto: no CUDA device on *), 1 node x 2 ranks, backend gloo, launcher torchrun"
+        ]
+    )
+    assert result.ret == 0
+
+
+def test_gpu_only_tests_skip_with_exact_reason(run):
+    result = run()
+    result.stdout.fnmatch_lines(
+        [
+            "SKIPPED*needs nvlink: *",
+            "SKIPPED*needs 2 nodes, the cluster has 1 (local machine only; pass --hostfile)*",
+        ]
+    )
+    result.assert_outcomes(passed=1, skipped=2)
+
+
+def test_unknown_profile_lists_known_ones(run):
+    result = run("--hw=nope")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*unknown hardware profile 'nope'. Known profiles: *cpu-local*h200-spectrumx*"]
+    )
+
+
+def test_precedence_cli_over_env_over_ini(run, pytester, monkeypatch):
+    pytester.makeini("[pytest]\ngpucluster_hw = h800-ib\ngpucluster_nproc_per_node = 3\n")
+    monkeypatch.setenv("GPUCLUSTER_HW", "a800-ib")
+    result = run("--hw=cpu-local")
+    result.stdout.fnmatch_lines(
+        ["gpucluster: profile cpu-local (--hw=cpu-local from command line)*x 3 ranks*"]
+    )
+    result = run()
+    result.stdout.fnmatch_lines(
+        ["gpucluster: profile a800-ib (--hw=a800-ib from environment GPUCLUSTER_HW)*"]
+    )
+    monkeypatch.delenv("GPUCLUSTER_HW")
+    result = run()
+    result.stdout.fnmatch_lines(["gpucluster: profile h800-ib (--hw=h800-ib from ini key gpucluster_hw)*"])
+
+
+def test_bad_option_value_names_its_source(run, monkeypatch):
+    monkeypatch.setenv("GPUCLUSTER_NNODES", "0")
+    result = run()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*--nnodes: expected a positive integer, got '0' (from environment GPUCLUSTER_NNODES)*"]
+    )
+
+
+def test_malformed_profile_is_a_usage_error_naming_file_and_line(run, tmp_path):
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("name: broken\ndescription: x\ncluster:\n  device: cpu\n  backend: gloo\n  nodez: 2\n")
+    result = run(f"--hw={bad}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*broken.yaml, line 6, key 'cluster.nodez': unknown key (allowed here: nodes,*"]
+    )
+
+
+def test_results_json_records_measurements_and_outcomes(run, tmp_path):
+    result = run()
+    assert result.ret == 0
+    data = json.loads((tmp_path / "res" / "results.json").read_text())
+    assert data["profile"]["name"] == "cpu-local"
+    [m] = data["measurements"]
+    assert (m["metric"], m["value"], m["threshold"], m["verdict"]) == ("demo.value", 2.0, 1.0, "pass")
+    categories = sorted(o["category"] for o in data["outcomes"])
+    assert categories == ["pass", "skipped", "skipped"]
+
+
+def test_threshold_failure_is_a_performance_failure(run, tmp_path):
+    source = (
+        'def test_slow(results):\n    results.check("demo.busbw", 1e9, 2e9, unit="B/s", scope="intra-node")\n'
+    )
+    result = run(source=source)
+    result.stdout.fnmatch_lines(["*demo.busbw [[]intra-node]: measured 1 GB/s, expected at least 2 GB/s*"])
+    result.stdout.fnmatch_lines(
+        ["FAIL*demo.busbw [[]intra-node]*1 GB/s*>= 2 GB/s", "tests: 1 below threshold"]
+    )
+    data = json.loads((tmp_path / "res" / "results.json").read_text())
+    assert data["outcomes"][0]["category"] == "performance"
+
+
+def test_secrets_never_reach_results(run, tmp_path, monkeypatch):
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "eth0")
+    monkeypatch.setenv("NCCL_API_TOKEN", "hunter2")
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    run()
+    text = (tmp_path / "res" / "results.json").read_text()
+    assert "eth0" in text
+    assert "hunter2" not in text and "hf_secret" not in text
+
+
+def test_plain_tests_leave_no_results(pytester, tmp_path):
+    pytester.makepyfile(test_plain="def test_x():\n    assert 1\n")
+    result = pytester.runpytest_inprocess(f"--results-dir={tmp_path / 'res'}")
+    assert result.ret == 0
+    assert not (tmp_path / "res").exists()
+    assert "gpucluster summary" not in result.stdout.str()
