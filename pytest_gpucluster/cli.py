@@ -11,18 +11,54 @@ import importlib
 import json
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pytest_gpucluster.errors import GpuClusterError
 
-# kind -> (module, description); each module has parse_text(text) and to_json(result)
-PARSERS: dict[str, tuple[str, str]] = {
-    "nccl-tests": ("pytest_gpucluster.parsers.nccl_tests", "nccl-tests output (all_reduce_perf, ...)"),
-    "nccl-log": ("pytest_gpucluster.parsers.nccl_log", "NCCL_DEBUG=INFO log of one or many ranks"),
-    "topo": ("pytest_gpucluster.parsers.nvidia_topo", "nvidia-smi topo -m"),
-    "nvlink": ("pytest_gpucluster.parsers.nvidia_nvlink", "nvidia-smi nvlink -s / -gt d / -gt r"),
-    "train-log": ("pytest_gpucluster.parsers.train_log", "HF Trainer / DeepSpeed / Megatron training log"),
+
+@dataclass(frozen=True, slots=True)
+class ParserEntry:
+    """How ``gpucluster parse KIND FILE`` reaches a parser module (imported only when used)."""
+
+    module: str
+    parse: str
+    to_json: str
+    description: str
+    takes_source: bool = False
+
+
+PARSERS: dict[str, ParserEntry] = {
+    "nccl-tests": ParserEntry(
+        "pytest_gpucluster.parsers.nccl_tests",
+        "parse",
+        "runs_as_json",
+        "nccl-tests output (all_reduce_perf, ...)",
+        True,
+    ),
+    "nccl-log": ParserEntry(
+        "pytest_gpucluster.parsers.nccl_log",
+        "parse_nccl_log",
+        "to_json",
+        "NCCL_DEBUG=INFO log of one or many ranks",
+    ),
+    "topo": ParserEntry(
+        "pytest_gpucluster.parsers.nvidia_topo", "parse_topo_text", "to_json", "nvidia-smi topo -m"
+    ),
+    "nvlink": ParserEntry(
+        "pytest_gpucluster.parsers.nvidia_nvlink",
+        "parse_nvlink_text",
+        "to_json",
+        "nvidia-smi nvlink -s / -gt d / -gt r",
+    ),
+    "train-log": ParserEntry(
+        "pytest_gpucluster.parsers.train_log",
+        "parse_train_log",
+        "to_json",
+        "HF Trainer / DeepSpeed / Megatron training log",
+        True,
+    ),
 }
 
 
@@ -58,18 +94,20 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 
 def cmd_parse(args: argparse.Namespace) -> int:
-    module_name, _ = PARSERS[args.kind]
-    module = importlib.import_module(module_name)
+    entry = PARSERS[args.kind]
+    module = importlib.import_module(entry.module)
     path = Path(args.file)
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
         raise GpuClusterError(f"cannot read {path}: {exc.strerror or exc}") from None
+    parse = getattr(module, entry.parse)
     try:
-        result = module.parse_text(text)
+        result = parse(text, source=str(path)) if entry.takes_source else parse(text)
     except GpuClusterError as exc:
-        raise GpuClusterError(f"{path}: {exc}") from None
-    _print_json(module.to_json(result))
+        message = str(exc)
+        raise GpuClusterError(message if str(path) in message else f"{path}: {message}") from None
+    _print_json(getattr(module, entry.to_json)(result))
     return 0
 
 
@@ -99,8 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parse = sub.add_parser("parse", help="parse a recorded tool output and print JSON")
     kinds = parse.add_subparsers(dest="kind", required=True)
-    for kind, (_, description) in PARSERS.items():
-        p = kinds.add_parser(kind, help=description)
+    for kind, entry in PARSERS.items():
+        p = kinds.add_parser(kind, help=entry.description)
         p.add_argument("file")
         p.set_defaults(func=cmd_parse)
     p = kinds.add_parser("hostfile", help="DeepSpeed or Open MPI hostfile")
