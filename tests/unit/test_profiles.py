@@ -141,3 +141,14 @@ def test_profile_by_path_and_hash_changes_with_content(tmp_path):
 def test_user_dir_overrides_shipped_name(tmp_path):
     _write(tmp_path, "cpu-local", GOOD.replace("name: t", "name: cpu-local"))
     assert load_profile("cpu-local", [tmp_path]).path.parent == tmp_path
+
+
+def test_documented_example_validates(tmp_path):
+    import re
+
+    readme = (Path(__file__).resolve().parents[2] / "thresholds" / "README.md").read_text()
+    example = re.search(r"```yaml\n(.*?)```", readme, re.S).group(1)
+    path = _write(tmp_path, "my-h100-pod", example)
+    profile = load_profile(str(path))
+    assert profile.model.cluster.gpu_model == "H100"  # from dgx-h100-ib through extends
+    assert profile.model.collectives.checks[2].max_latency == pytest.approx(40e-6)
