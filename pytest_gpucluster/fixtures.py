@@ -41,6 +41,36 @@ def machine(gpucluster_session: GpuClusterSession) -> MachineInfo:
     return gpucluster_session.machine
 
 
+class DryRunCluster:
+    """Stands in for the cluster under ``--gpucluster-dry-run``: prints each job's commands per
+    host, launches nothing, and skips the test at its first launch."""
+
+    def __init__(self, cluster: Any, write: Any) -> None:
+        self._cluster = cluster
+        self._write = write
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cluster, name)
+
+    def run(self, workload: Any, **kwargs: Any) -> Any:
+        kwargs.pop("init_process_group", None)
+        for command in self._cluster.commands_for(workload, **kwargs):
+            self._write(f"[dry run] {command.host}: {command.shell_line()}")
+        pytest.skip("--gpucluster-dry-run: commands printed, nothing launched")
+
+
+@pytest.fixture(scope="session")
+def cluster(gpucluster_session: GpuClusterSession, request: pytest.FixtureRequest) -> Any:
+    """Launch work on N ranks: ``cluster.run("pkg.mod:func", nodes=2, env=nccl_env, timeout=120)``."""
+    try:
+        handle = gpucluster_session.cluster
+    except GpuClusterError as exc:
+        pytest.fail(f"cannot build the cluster: {exc}", pytrace=False)
+    if gpucluster_session.settings.dry_run:
+        return DryRunCluster(handle, gpucluster_session.progress or print)
+    return handle
+
+
 @pytest.fixture(scope="session")
 def hostfile(gpucluster_session: GpuClusterSession) -> Any:
     """The parsed ``--hostfile`` (None when running on the local machine only)."""

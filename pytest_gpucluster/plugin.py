@@ -58,6 +58,14 @@ def pytest_configure(config: pytest.Config) -> None:
     except GpuClusterError as exc:
         raise pytest.UsageError(f"gpucluster: {exc}") from None
     config.stash[SESSION_KEY] = session
+    if settings["gpucluster_baseline"] is not None and not session.is_xdist_worker:
+        from pytest_gpucluster.results.baseline import read_results
+
+        try:  # an unreadable baseline fails now, not after an hour of measurements
+            session.extra["baseline"] = read_results(settings["gpucluster_baseline"])
+        except GpuClusterError as exc:
+            raise pytest.UsageError(f"gpucluster: --baseline: {exc}") from None
+    session.progress = _terminal_writer(config)
     config.pluginmanager.register(_ResultsHooks(session), "gpucluster-results")
     config.pluginmanager.register(_fixtures, "gpucluster-fixtures")
     try:
@@ -66,6 +74,25 @@ def pytest_configure(config: pytest.Config) -> None:
         rank_tests = None  # type: ignore[assignment]
     if rank_tests is not None:
         config.pluginmanager.register(rank_tests, "gpucluster-rank-tests")
+
+
+def _terminal_writer(config: pytest.Config) -> Any:
+    """A callable that writes a line to the terminal even while pytest captures test output:
+    rank 0's progress (step, s/it, ETA; sweep rows) must be seen while a long job runs."""
+
+    def write(line: str) -> None:
+        capman = config.pluginmanager.getplugin("capturemanager")
+        reporter = config.pluginmanager.getplugin("terminalreporter")
+        if reporter is None:
+            print(line, file=sys.stderr, flush=True)
+            return
+        if capman is not None:
+            with capman.global_and_fixture_disabled():
+                reporter.write_line(f"    {line}")
+        else:
+            reporter.write_line(f"    {line}")
+
+    return write
 
 
 def get_session(config: pytest.Config) -> GpuClusterSession:
@@ -200,6 +227,21 @@ def _category_from_text(report: pytest.TestReport) -> str:
     return "failure"
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Baseline gate and report files, in the controller, before the terminal summary prints."""
+    gc = session.config.stash.get(SESSION_KEY, None)
+    if gc is None or gc.is_xdist_worker or not (gc.recorder.outcomes or gc.recorder.measurements):
+        return
+    from pytest_gpucluster.results.report import finish_run
+
+    finished = finish_run(
+        gc.recorder, gc.results_dir, gc.extra.get("baseline"), gc.settings["gpucluster_max_regression"]
+    )
+    gc.extra["finished"] = finished
+    if finished.comparison is not None and finished.comparison.fails and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
     if session is None or session.is_xdist_worker:
@@ -209,9 +251,12 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     from pytest_gpucluster.results.summary import summary_lines
 
     session.recorder.flush()
+    finished = session.extra.get("finished")
     terminalreporter.section("gpucluster summary")
-    for line in summary_lines(session.recorder, session.results_dir):
-        terminalreporter.write_line(line)
+    extra = finished.summary_args() if finished else {}
+    for line in summary_lines(session.recorder, session.results_dir, **extra):
+        bad = line.startswith(("FAILED", "REGRESSION", "PERFORMANCE", "INFRASTRUCTURE", "OTHER", "FAIL "))
+        terminalreporter.write_line(line, red=bad, yellow=line.startswith("WARNING"))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,35 @@ class GpuClusterSession:
         if self.settings.dry_run:
             lines.append("gpucluster: dry run — commands are printed, nothing is launched")
         return lines
+
+    progress: Callable[[str], None] | None = None
+    """Where rank 0's progress lines go (the terminal, set by the plugin)."""
+
+    @cached_property
+    def cluster(self) -> Any:
+        """The launch handle for this session: hosts from --hostfile, a Slurm allocation or this machine."""
+        from pytest_gpucluster.cluster.spec import ClusterSpec
+        from pytest_gpucluster.launch import get_launcher
+        from pytest_gpucluster.launch.job import Cluster
+
+        launcher_name = self.settings["gpucluster_launcher"]
+        if self.hostfile is not None:
+            spec = ClusterSpec.from_hostfile(self.hostfile, self.ranks_per_node, self.backend)
+        elif launcher_name == "slurm" and os.environ.get("SLURM_JOB_NODELIST"):
+            spec = ClusterSpec.from_slurm_env(backend=self.backend)
+        else:
+            spec = ClusterSpec.from_local(self.ranks_per_node, self.backend)
+        nnodes = self.settings["gpucluster_nnodes"]
+        if nnodes and nnodes < spec.nnodes:
+            spec = replace(spec, hosts=spec.hosts[:nnodes])
+        return Cluster(
+            spec,
+            get_launcher(launcher_name),
+            self.results_dir / "jobs",
+            remote_exec=self.settings["gpucluster_remote_exec"],
+            progress=self.progress,
+            default_env=self.nccl_env,
+        )
 
     def cluster_error(self) -> GpuClusterError | None:
         """Why a cluster handle cannot be built (bad hostfile...), or None."""
