@@ -125,6 +125,34 @@ def cmd_parse_nodelist(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from pytest_gpucluster.results.baseline import read_results
+    from pytest_gpucluster.results.report import write_reports
+
+    path = Path(args.results)
+    files = write_reports(read_results(path), Path(args.out) if args.out else path.parent)
+    for written in files.paths:
+        print(written)
+    if files.note:
+        print(f"gpucluster: no plots: {files.note}", file=sys.stderr)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from pytest_gpucluster.profiles.quantities import parse_fraction
+    from pytest_gpucluster.results.baseline import compare_runs, comparison_lines, read_results
+
+    text = args.max_regression
+    try:
+        tolerance = parse_fraction(text if "%" in text or float(text) <= 1 else f"{text}%")
+    except ValueError:
+        raise GpuClusterError(f"--max-regression {text!r}: expected a percentage such as 5%") from None
+    comparison = compare_runs(read_results(Path(args.old)), read_results(Path(args.new)), tolerance)
+    for line in comparison_lines(comparison):
+        print(line)
+    return 1 if comparison.fails else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpucluster", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -147,6 +175,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = kinds.add_parser("nodelist", help='Slurm nodelist expression such as "node[001-008,010]"')
     p.add_argument("expr")
     p.set_defaults(func=cmd_parse_nodelist)
+    report = sub.add_parser("report", help="write report.md, report.html and summary.csv from a results.json")
+    report.add_argument("results", metavar="RESULTS.json")
+    report.add_argument("--out", metavar="DIR", help="where to write (default: the results file's directory)")
+    report.set_defaults(func=cmd_report)
+
+    compare = sub.add_parser(
+        "compare", help="compare two results.json; exit 1 on a regression, 2 on unreadable input"
+    )
+    compare.add_argument("old", metavar="OLD.json")
+    compare.add_argument("new", metavar="NEW.json")
+    compare.add_argument("--max-regression", default="5%", help="allowed regression (default 5%%)")
+    compare.set_defaults(func=cmd_compare)
+
     for register in EXTRA_COMMANDS:
         register(sub)
     return parser

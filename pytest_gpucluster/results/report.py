@@ -1,0 +1,364 @@
+"""report.md, a self-contained report.html (plots inlined as data: URIs) and summary.csv.
+
+Input is a parsed results.json (``RunResults``), so the plugin at session end and
+``gpucluster report RESULTS.json`` produce the same files. PNGs also go to ``plots/`` next to
+report.md, which links them. No pytest import; matplotlib only through plots.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_gpucluster.results.baseline import (
+    BaselineComparison,
+    RunResults,
+    compare_runs,
+    comparison_lines,
+    fmt_change,
+    fmt_value,
+)
+from pytest_gpucluster.results.model import TestOutcome
+from pytest_gpucluster.results.plots import Plot, render_plots, unavailable
+from pytest_gpucluster.results.recorder import Recorder
+from pytest_gpucluster.results.summary import (
+    FAILURE_HEADINGS,
+    failure_lines,
+    measurement_rows,
+    outcome_counts,
+)
+
+__all__ = ["BASELINE_TEST_ID", "CSV_COLUMNS", "Finished", "ReportFiles", "finish_run", "write_reports"]
+
+BASELINE_TEST_ID = "gpucluster::baseline"
+"""The test id of the synthetic outcome that a regression beyond tolerance adds to results.json."""
+
+CSV_COLUMNS = (
+    "test_id",
+    "metric",
+    "scope",
+    "labels",
+    "value",
+    "unit",
+    "threshold",
+    "comparison",
+    "verdict",
+    "median",
+    "min",
+    "max",
+    "mad",
+    "repeats",
+    "source",
+    "baseline",
+    "change",
+    "baseline_status",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ReportFiles:
+    markdown: Path
+    html: Path
+    csv: Path
+    plots: tuple[Path, ...]
+    note: str | None
+    """Why there are no plots (matplotlib missing), else None."""
+
+    @property
+    def paths(self) -> tuple[Path, ...]:
+        return (self.html, self.markdown, self.csv)
+
+
+def _verdict(run: RunResults, comparison: BaselineComparison | None) -> str:
+    categories = [o.category for o in run.outcomes]
+    bad = [c for c in ("infrastructure", "performance", "failure") if c in categories]
+    failed_values = sum(m.verdict == "fail" for m in run.measurements)
+    if comparison is not None and comparison.fails and "performance" not in bad:
+        bad.append("performance")
+    if bad or failed_values:
+        return "NOT FIT: " + (outcome_counts(run.outcomes) or f"{failed_values} value(s) below threshold")
+    if not run.outcomes and not run.measurements:
+        return "NO RESULTS: nothing was measured"
+    return "FIT: " + (outcome_counts(run.outcomes) or "every measured value passed")
+
+
+def _environment(run: RunResults) -> list[tuple[str, str]]:
+    fp = run.fingerprint
+    versions = fp.get("versions") or {}
+    rows = [
+        ("profile", f"{run.profile.get('name', '?')} ({run.profile.get('reason', '')})".replace(" ()", "")),
+        ("thresholds", f"{run.profile.get('path', '?')} (sha256 {str(run.profile.get('sha256', ''))[:12]})"),
+        ("hosts", ", ".join(fp.get("hosts") or []) or "?"),
+        ("GPUs", f"{fp.get('gpu_count', 0)} x {fp.get('gpu_model') or 'none'}"),
+        ("platform", str(fp.get("platform", "?"))),
+        ("versions", ", ".join(f"{k} {v}" for k, v in versions.items() if v and k != "error")),
+    ]
+    env = {**(fp.get("environment") or {}), **run.nccl_env}
+    rows.append(("NCCL environment", ", ".join(f"{k}={v}" for k, v in sorted(env.items())) or "(none set)"))
+    if run.started_at:
+        rows.append(("started", time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(run.started_at))))
+    return rows
+
+
+def _md_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _comparison_rows(comparison: BaselineComparison) -> list[tuple[str, ...]]:
+    return [
+        (
+            c.status,
+            c.subject,
+            fmt_value(c.old, c.unit),
+            fmt_value(c.new, c.unit),
+            fmt_change(c.change),
+            f"{c.tolerance * 100:g}%",
+        )
+        for c in comparison.changes
+    ]
+
+
+_COMPARISON_HEADER = ("status", "metric", "baseline", "now", "change", "allowed")
+
+
+def _markdown(
+    run: RunResults, comparison: BaselineComparison | None, plots: list[Plot], note: str | None
+) -> str:
+    out = [
+        "# GPU cluster acceptance report",
+        "",
+        f"**{_verdict(run, comparison)}**",
+        "",
+        f"Results: `{run.source}`",
+        "",
+    ]
+    out += ["## Environment", "", *_md_table(("", ""), _environment(run)), ""]
+    failures = failure_lines(run.outcomes)
+    if failures:
+        out += ["## Failures", "", "```", *failures, "```", ""]
+    out += ["## Measurements", ""]
+    if run.measurements:
+        out += _md_table(("verdict", "metric", "measured", "threshold"), measurement_rows(run.measurements))
+        out += ["", "Every value, one row each: `summary.csv`.", ""]
+    else:
+        out += ["No measurements were recorded.", ""]
+    if comparison is not None:
+        out += [
+            "## Comparison with the baseline",
+            "",
+            "```",
+            *comparison_lines(comparison, show_ok=False),
+            "```",
+            "",
+        ]
+        if comparison.changes:
+            out += [*_md_table(_COMPARISON_HEADER, _comparison_rows(comparison)), ""]
+    out += ["## Plots", ""]
+    if note:
+        out += [f"Plots are not included: {note}.", ""]
+    elif not plots:
+        out += ["Nothing to plot: no metric has a size, rank or host series.", ""]
+    for plot in plots:
+        out += [
+            f"### {plot.title}",
+            "",
+            f"![{plot.title}](plots/{plot.filename})",
+            "",
+            f"_{plot.caption}_",
+            "",
+        ]
+    return "\n".join(out)
+
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}
+table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
+th{background:#f0f0f0}.FAIL,.regression{background:#fdd}.PASS,.ok{background:#efe}.verdict{font-size:1.3em;font-weight:bold}
+.bad{color:#b00}.good{color:#070}pre{background:#f6f6f6;padding:1em;overflow-x:auto}figure{margin:1.5em 0}
+figcaption{font-size:12px;color:#555}img{max-width:100%;border:1px solid #ddd}
+"""
+
+
+def _html_table(header: tuple[str, ...], rows: list[tuple[str, ...]], class_col: int | None = 0) -> str:
+    e = html.escape
+    head = "".join(f"<th>{e(h)}</th>" for h in header)
+    body = []
+    for row in rows:
+        cls = f' class="{e(row[class_col])}"' if class_col is not None else ""
+        body.append(f"<tr{cls}>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _html(run: RunResults, comparison: BaselineComparison | None, plots: list[Plot], note: str | None) -> str:
+    e = html.escape
+    verdict = _verdict(run, comparison)
+    parts = [
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>GPU cluster acceptance report</title>",
+        f"<style>{_CSS}</style></head><body><h1>GPU cluster acceptance report</h1>",
+        f"<p class='verdict {'good' if verdict.startswith('FIT') else 'bad'}'>{e(verdict)}</p>",
+        f"<p>Results: <code>{e(run.source)}</code></p><h2>Environment</h2>",
+        _html_table(("", ""), _environment(run), class_col=None),
+    ]
+    for category, heading in FAILURE_HEADINGS:
+        failed = [o for o in run.outcomes if o.category == category]
+        if failed:
+            parts.append(f"<h2 class='bad'>{e(heading)}: {len(failed)}</h2>")
+            parts.append(
+                _html_table(("test", "message"), [(o.test_id, o.message) for o in failed], class_col=None)
+            )
+    parts.append("<h2>Measurements</h2>")
+    if run.measurements:
+        parts.append(
+            _html_table(("verdict", "metric", "measured", "threshold"), measurement_rows(run.measurements))
+        )
+        parts.append("<p>Every value, one row each: <code>summary.csv</code>.</p>")
+    else:
+        parts.append("<p>No measurements were recorded.</p>")
+    if comparison is not None:
+        parts.append("<h2>Comparison with the baseline</h2>")
+        parts.append(f"<pre>{e(chr(10).join(comparison_lines(comparison, show_ok=False)))}</pre>")
+        if comparison.changes:
+            parts.append(_html_table(_COMPARISON_HEADER, _comparison_rows(comparison)))
+    parts.append("<h2>Plots</h2>")
+    if note:
+        parts.append(f"<p>Plots are not included: {e(note)}.</p>")
+    elif not plots:
+        parts.append("<p>Nothing to plot: no metric has a size, rank or host series.</p>")
+    for plot in plots:
+        data = base64.b64encode(plot.png).decode("ascii")
+        parts.append(
+            f"<figure><img alt='{e(plot.title)}' src=\"data:image/png;base64,{data}\">"
+            f"<figcaption>{e(plot.title)}: {e(plot.caption)}</figcaption></figure>"
+        )
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _csv(run: RunResults, comparison: BaselineComparison | None) -> str:
+    changes = {c.key: c for c in comparison.changes} if comparison is not None else {}
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for m in run.measurements:
+        s = m.spread
+        c = changes.get(m.key)
+        writer.writerow(
+            [
+                m.test_id,
+                m.metric,
+                m.scope or "",
+                ";".join(f"{k}={v}" for k, v in m.labels.items()),
+                "" if m.value != m.value else repr(m.value),
+                m.unit,
+                "" if m.threshold is None else repr(m.threshold),
+                m.comparison if m.threshold is not None else "",
+                m.verdict,
+                *(("", "", "", "", "") if s is None else (s.median, s.min, s.max, s.mad, s.n)),
+                m.source or "",
+                "" if c is None or c.old is None else repr(c.old),
+                "" if c is None or c.change is None else f"{c.change:.6g}",
+                "" if c is None else c.status,
+            ]
+        )
+    return buffer.getvalue()
+
+
+def _write_atomic(path: Path, data: str | bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+    os.replace(tmp, path)
+
+
+def write_reports(
+    run: RunResults, out_dir: Path, comparison: BaselineComparison | None = None
+) -> ReportFiles:
+    """Write report.md, report.html, summary.csv and plots/*.png into ``out_dir``."""
+    if comparison is None and run.baseline:
+        comparison = BaselineComparison.from_json(run.baseline)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    note = unavailable()
+    plots = [] if note else render_plots(run.measurements)
+    plot_paths: list[Path] = []
+    if plots:
+        plot_dir = out_dir / "plots"
+        plot_dir.mkdir(exist_ok=True)
+        for stale in plot_dir.glob("*.png"):
+            stale.unlink()
+        for plot in plots:
+            plot_paths.append(plot_dir / plot.filename)
+            _write_atomic(plot_paths[-1], plot.png)
+    files = ReportFiles(
+        markdown=out_dir / "report.md",
+        html=out_dir / "report.html",
+        csv=out_dir / "summary.csv",
+        plots=tuple(plot_paths),
+        note=note,
+    )
+    _write_atomic(files.markdown, _markdown(run, comparison, plots, note))
+    _write_atomic(files.html, _html(run, comparison, plots, note))
+    _write_atomic(files.csv, _csv(run, comparison))
+    return files
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """What the end of a session produced, for the terminal summary."""
+
+    comparison: BaselineComparison | None
+    files: ReportFiles | None
+    error: str | None = None
+
+    def summary_args(self) -> dict[str, Any]:
+        note = self.error or (f"no plots: {self.files.note}" if self.files and self.files.note else None)
+        return {
+            "comparison_lines": (
+                comparison_lines(self.comparison, show_ok=False, limit=40) if self.comparison else ()
+            ),
+            "reports": self.files.paths if self.files else (),
+            "report_note": note,
+        }
+
+
+def finish_run(
+    recorder: Recorder, out_dir: Path, baseline: RunResults | None, max_regression: float
+) -> Finished:
+    """The end of a pytest session: gate against the baseline, then write the reports.
+
+    A regression beyond tolerance on the same machine becomes a failed outcome (category
+    performance) in results.json; the comparison itself is stored under ``baseline`` so
+    ``gpucluster report`` can show it again. A report that cannot be written is an error line in
+    the summary, never a lost results.json.
+    """
+    comparison = None
+    if baseline is not None:
+        current = RunResults.from_json(recorder.to_json(), str(recorder.path))
+        comparison = compare_runs(baseline, current, max_regression)
+        recorder.header["baseline"] = comparison.to_json()
+        if comparison.fails:
+            recorder.add_outcome(
+                TestOutcome(
+                    test_id=BASELINE_TEST_ID,
+                    outcome="failed",
+                    category="performance",
+                    duration_s=0.0,
+                    message=comparison.failure_message(),
+                )
+            )
+    recorder.flush()
+    try:
+        run = RunResults.from_json(recorder.to_json(), str(recorder.path))
+        return Finished(comparison, write_reports(run, out_dir, comparison))
+    except Exception as exc:  # a plotting bug or a full disk must not hide the test results
+        return Finished(comparison, None, f"could not be written to {out_dir}: {type(exc).__name__}: {exc}")
