@@ -1,0 +1,77 @@
+"""The gpucluster command end to end (in-process through cli.main)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_gpucluster.cli import main
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_profiles_lists_every_shipped_profile_with_description(capsys):
+    code, out, _ = run(capsys, "profiles")
+    assert code == 0
+    names = [line.split()[0] for line in out.splitlines()]
+    assert {"cpu-local", "h200-spectrumx", "h800-ib", "a800-ib", "aws-g6e-efa", "dgx-h100-ib"} <= set(names)
+    assert not any(name.startswith("_") for name in names)  # bases are for extends only
+    assert all(len(line.split(maxsplit=1)) == 2 for line in out.splitlines())
+
+
+def test_profiles_shows_resolved_profile(capsys):
+    code, out, _ = run(capsys, "profiles", "h200-spectrumx", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["cluster"]["gpus_per_node"] == 8  # inherited through extends
+    assert data["nccl_env"]["NCCL_IB_GID_INDEX"] == "3"
+
+
+def test_unknown_profile_exit_2(capsys):
+    code, _, err = run(capsys, "profiles", "nope")
+    assert code == 2
+    assert "Known profiles:" in err and "cpu-local" in err
+
+
+@pytest.mark.parametrize(
+    ("kind", "path", "key"),
+    [
+        ("nccl-tests", "nccl_tests/superbench_a100x8_all_reduce_error_column.log", "rows"),
+        ("nccl-log", "nccl_logs/efa_libfabric_aws_ofi_2.27.3.log", "net_plugin"),
+        ("nvlink", "nvidia_smi/nvlink_gt_d_h800_8gpu.txt", "gpus"),
+    ],
+)
+def test_parse_prints_json(capsys, kind, path, key):
+    code, out, _ = run(capsys, "parse", kind, str(DATA / path))
+    assert code == 0
+    data = json.loads(out)
+    first = data[0] if isinstance(data, list) else data
+    assert first[key]
+
+
+def test_parse_without_data_is_exit_2_naming_the_file(capsys, tmp_path):
+    empty = tmp_path / "empty.log"
+    empty.write_text("hello\nnothing to see\n")
+    code, out, err = run(capsys, "parse", "nccl-tests", str(empty))
+    assert code == 2 and out == ""
+    assert "empty.log" in err
+
+
+def test_parse_nodelist(capsys):
+    code, out, _ = run(capsys, "parse", "nodelist", "node[001-003,010]")
+    assert code == 0
+    assert json.loads(out) == ["node001", "node002", "node003", "node010"]
+
+
+def test_parse_hostfile_bad_line(capsys, tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=8\nnode2 lots=8\n")
+    code, _, err = run(capsys, "parse", "hostfile", str(hostfile))
+    assert code == 2
+    assert ":2:" in err and "lots" in err
