@@ -19,6 +19,7 @@ def all_reduce_sum(ctx: RankContext) -> dict[str, Any]:
 
     tensor = torch.full((4,), float(ctx.rank + 1), device=ctx.device)
     dist.all_reduce(tensor)
+    ctx.progress(f"all_reduce_sum: {ctx.world_size} ranks, sum {float(tensor[0].item()):g}")
     return {
         "sum": float(tensor[0].item()),
         "expected": ctx.world_size * (ctx.world_size + 1) / 2,

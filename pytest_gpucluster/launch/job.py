@@ -1,0 +1,253 @@
+"""`Cluster`: run a workload on N ranks and get a `JobResult` back.
+
+``cluster.run("pkg.mod:func", nodes=2, env=nccl_env, timeout=120)`` makes a job directory
+under the results directory, writes ``job.json`` (the contract in `workloads._runtime`), asks
+the launcher backend for its commands, runs them through `launch.process` (deadline, tree
+kill, no orphans) and reads back what every rank wrote. ``cluster.commands_for(...)`` builds
+the same commands and starts nothing (``--gpucluster-dry-run``).
+
+Job directories are kept: a failed job's report prints the path of its per-rank logs. On real
+multi-node clusters the results directory must be on a filesystem every node sees (the ranks
+write their files into it).
+
+No torch, no pytest.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+import sys
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_gpucluster.cluster.ports import next_port
+from pytest_gpucluster.cluster.spec import ClusterSpec
+from pytest_gpucluster.errors import LaunchError, SettingsError
+from pytest_gpucluster.launch.base import (
+    JobSpec,
+    LaunchCommand,
+    Launcher,
+    RemoteExec,
+    current_pythonpath_entry,
+    is_local_host,
+    merge_pythonpath,
+)
+from pytest_gpucluster.launch.process import LaunchSpec, read_rank_states, reap_argv, run_commands
+from pytest_gpucluster.launch.result import JobResult, build_result
+from pytest_gpucluster.workloads._runtime import JOB_FILE, JOB_ID_ENV, write_json_atomic
+
+__all__ = ["Cluster", "workload_name"]
+
+Workload = str | Callable[..., Any]
+
+
+def workload_name(workload: Workload) -> tuple[str, list[str]]:
+    """``("pkg.mod:func", [sys.path roots the ranks need])`` for a name or a function object."""
+    if isinstance(workload, str):
+        module, _, func = workload.partition(":")
+        if not module or not func:
+            raise SettingsError(f"workload {workload!r} is not of the form 'package.module:function'")
+        return workload, []
+    module = getattr(workload, "__module__", None)
+    qualname = getattr(workload, "__qualname__", None)
+    if not module or not qualname or "<locals>" in qualname or "<lambda>" in qualname:
+        raise SettingsError(
+            f"workload {workload!r} is not importable by name: use a module-level function "
+            "(ranks import it as 'package.module:function')"
+        )
+    if module == "__main__":
+        raise SettingsError(
+            f"workload {qualname} lives in __main__, which ranks cannot import; move it to a module"
+        )
+    roots: list[str] = []
+    mod = sys.modules.get(module)
+    file = getattr(mod, "__file__", None)
+    if file:
+        path = Path(file).resolve()
+        root = path.parent if path.name != "__init__.py" else path.parent.parent
+        for _ in range(module.count(".")):
+            root = root.parent
+        roots.append(str(root))
+    return f"{module}:{qualname}", roots
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-")[:40] or "job"
+
+
+class Cluster:
+    """Launches jobs on the hosts of a `ClusterSpec` through one launcher backend."""
+
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        launcher: Launcher,
+        results_dir: str | Path,
+        remote_exec: RemoteExec | str | Sequence[str] | None = None,
+        progress: Callable[[str], None] | None = None,
+        default_env: Mapping[str, str] | None = None,
+        *,
+        rendezvous_timeout: float = 60.0,
+        failure_grace: float = 5.0,
+        python: str | None = None,
+    ) -> None:
+        self.spec = spec
+        self.launcher = launcher
+        self.results_dir = Path(results_dir)
+        if remote_exec is not None and not isinstance(remote_exec, RemoteExec):
+            remote_exec = RemoteExec.parse(remote_exec)
+        self.remote_exec = remote_exec
+        self.progress = progress
+        self.default_env = dict(default_env or {})
+        self.rendezvous_timeout = rendezvous_timeout
+        self.failure_grace = failure_grace
+        self.python = python or sys.executable
+
+    def __repr__(self) -> str:
+        return (
+            f"Cluster({self.spec.nnodes} node(s) x {self.spec.nproc_per_node} from {self.spec.source}, "
+            f"{self.spec.backend}, {self.launcher.name})"
+        )
+
+    # ------------------------------------------------------------------ building a job
+
+    def _hosts(self, nodes: int | Sequence[str] | None) -> tuple[str, ...]:
+        names = self.spec.host_names
+        if nodes is None:
+            return names
+        if isinstance(nodes, int):
+            if not 1 <= nodes <= len(names):
+                raise LaunchError(
+                    f"a job asked for {nodes} node(s) but the cluster from {self.spec.source} "
+                    f"has {len(names)}: {', '.join(names)}"
+                )
+            return names[:nodes]
+        chosen = tuple(nodes)
+        unknown = [h for h in chosen if h not in names]
+        if unknown or not chosen:
+            raise LaunchError(
+                f"a job asked for host(s) {', '.join(unknown) or '(none)'} that the cluster from "
+                f"{self.spec.source} does not have ({', '.join(names)})"
+            )
+        return chosen
+
+    def job_spec(
+        self,
+        workload: Workload,
+        *,
+        nodes: int | Sequence[str] | None = None,
+        nproc_per_node: int | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float = 120.0,
+        options: Mapping[str, Any] | None = None,
+        name: str | None = None,
+    ) -> JobSpec:
+        target, roots = workload_name(workload)
+        hosts = self._hosts(nodes)
+        far = [h for h in hosts if not is_local_host(h)]
+        if far and self.remote_exec is None:
+            raise LaunchError(
+                f"a job on {', '.join(hosts)} needs a remote-exec prefix to reach {', '.join(far)} "
+                "(e.g. 'ssh {host}', 'pdsh -w {host}' or 'srun'); none was configured"
+            )
+        if timeout <= 0:
+            raise SettingsError(f"a job timeout must be positive, got {timeout}")
+        stamp = _dt.datetime.now().strftime("%H%M%S")
+        job_id = f"{_slug(name or target.rpartition(':')[2])}-{stamp}-{uuid.uuid4().hex[:6]}"
+        job_env = {**self.default_env, **(env or {})}
+        job_env[JOB_ID_ENV] = job_id
+        job_env["PYTHONPATH"] = merge_pythonpath(current_pythonpath_entry(), *roots)
+        return JobSpec(
+            job_id=job_id,
+            job_dir=(self.results_dir / job_id).resolve(),
+            workload=target,
+            hosts=hosts,
+            nproc_per_node=nproc_per_node or self.spec.nproc_per_node,
+            backend=self.spec.backend,
+            env=job_env,
+            timeout_s=float(timeout),
+            rendezvous_port=next_port() if len(hosts) > 1 else None,
+            rendezvous_timeout_s=min(self.rendezvous_timeout, float(timeout)),
+            remote=self.remote_exec,
+            users=self.spec.user_map,
+            python=self.python,
+            options=dict(options or {}),
+        )
+
+    def commands_for(self, workload: Workload, **kwargs: Any) -> list[LaunchCommand]:
+        """The commands ``run`` would start, per host; nothing is launched or written."""
+        return self.launcher.commands(self.job_spec(workload, **kwargs))
+
+    # ------------------------------------------------------------------ running it
+
+    def run(
+        self,
+        workload: Workload,
+        *,
+        nodes: int | Sequence[str] | None = None,
+        nproc_per_node: int | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float = 120.0,
+        options: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        init_process_group: bool = True,
+    ) -> JobResult:
+        """Run ``workload`` (``"pkg.mod:func"`` or a module-level function) on every rank.
+
+        Returns the `JobResult` whatever happened to the ranks (check ``.ok`` or call
+        ``.raise_on_failure()``); raises `LaunchError` only when nothing could be started.
+        """
+        reason = self.launcher.available()
+        if reason is not None:
+            raise LaunchError(f"the {self.launcher.name} launcher cannot be used here: {reason}")
+        job = self.job_spec(
+            workload, nodes=nodes, nproc_per_node=nproc_per_node, env=env, timeout=timeout,
+            options=options, name=name,
+        )  # fmt: skip
+        job.job_dir.mkdir(parents=True, exist_ok=False)
+        user_env = {k: v for k, v in job.env.items() if k not in (JOB_ID_ENV, "PYTHONPATH")}
+        write_json_atomic(
+            job.job_dir / JOB_FILE,
+            {
+                "job_id": job.job_id,
+                "workload": job.workload,
+                "options": dict(job.options),
+                "backend": job.backend,
+                "timeout_s": job.timeout_s,
+                "env": user_env,
+                "init_process_group": init_process_group,
+                "hosts": list(job.hosts),
+                "nproc_per_node": job.nproc_per_node,
+            },
+        )
+        commands = self.launcher.commands(job)
+        reapers = [
+            LaunchCommand(
+                host=c.host, argv=tuple(job.remote.wrap(c.host, reap_argv(job.python, job.job_id), {}))
+            )
+            for c in commands
+            if c.remote and job.remote is not None and not job.remote.shares_proc
+        ]
+        launch = LaunchSpec(
+            job_id=job.job_id,
+            job_dir=job.job_dir,
+            world_size=job.world_size,
+            timeout_s=job.timeout_s,
+            rendezvous_timeout_s=job.rendezvous_timeout_s + 10.0 if job.nnodes > 1 else job.timeout_s,
+            failure_grace_s=self.failure_grace,
+        )
+        outcome = run_commands(launch, commands, progress=self.progress, reap_commands=reapers)
+        return build_result(
+            job_id=job.job_id,
+            job_dir=job.job_dir,
+            world_size=job.world_size,
+            nproc_per_node=job.nproc_per_node,
+            hosts=[c.host for c in commands],
+            commands=commands,
+            process=outcome,
+            states=read_rank_states(job.job_dir),
+            timeout_s=job.timeout_s,
+        )
