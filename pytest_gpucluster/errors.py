@@ -8,11 +8,12 @@ from __future__ import annotations
 
 __all__ = [
     "GpuClusterError",
-    "ProfileError",
+    "GpuClusterWarning",
     "HostfileError",
-    "ParseError",
-    "LaunchError",
     "JobFailed",
+    "LaunchError",
+    "ParseError",
+    "ProfileError",
     "SettingsError",
 ]
 
@@ -43,3 +44,7 @@ class LaunchError(GpuClusterError):
 
 class JobFailed(GpuClusterError):
     """A job started but at least one rank failed, hung or never reported."""
+
+
+class GpuClusterWarning(UserWarning):
+    """Something that does not stop a run but makes it mean less (e.g. an NCCL_* name NCCL ignores)."""

@@ -6,11 +6,13 @@ rank-side tests lives with the rank-test machinery (rank_tests.py).
 
 from __future__ import annotations
 
+import os
+import warnings
 from typing import Any
 
 import pytest
 
-from pytest_gpucluster.errors import GpuClusterError
+from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning
 from pytest_gpucluster.profiles.detect import MachineInfo
 from pytest_gpucluster.profiles.schema import ProfileModel
 from pytest_gpucluster.results.recorder import Recorder
@@ -82,8 +84,19 @@ def hostfile(gpucluster_session: GpuClusterSession) -> Any:
 
 @pytest.fixture(scope="session")
 def nccl_env(gpucluster_session: GpuClusterSession) -> dict[str, str]:
-    """The profile's NCCL environment merged with the user's own ``NCCL_*`` variables (which win)."""
-    return dict(gpucluster_session.nccl_env)
+    """The profile's NCCL environment merged with the user's own ``NCCL_*`` variables (which win).
+
+    Warns on ``NCCL_*`` names NCCL does not know: NCCL ignores a typo such as ``NCCL_IB_HCAS``
+    without a word. The effective environment, redacted, is in results.json (``nccl_env``).
+    """
+    from pytest_gpucluster.cluster.nccl_names import unknown_nccl_names
+
+    env = dict(gpucluster_session.nccl_env)
+    profile = gpucluster_session.profile.name
+    for unknown in unknown_nccl_names(env):
+        where = "the environment" if unknown.name in os.environ else f"profile {profile}'s nccl_env"
+        warnings.warn(GpuClusterWarning(f"{unknown} (set in {where})"), stacklevel=2)
+    return env
 
 
 @pytest.fixture

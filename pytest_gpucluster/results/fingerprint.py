@@ -9,24 +9,19 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 import socket
 from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|PRIVATE|AUTH", re.IGNORECASE)
+from pytest_gpucluster.cluster.nccl_names import redact_env
+
 _KEPT_PREFIXES = ("NCCL_", "FI_", "UCX_", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME")
 
 
 def redact(env: Mapping[str, str]) -> dict[str, str]:
-    """Keep what shapes communication performance; redact anything that looks like a secret."""
-    kept: dict[str, str] = {}
-    for name, value in sorted(env.items()):
-        if not name.startswith(_KEPT_PREFIXES):
-            continue
-        kept[name] = "<redacted>" if _SECRET_NAME.search(name) else value
-    return kept
+    """Keep what shapes communication performance; redact secrets (by name, and passwords in URLs)."""
+    return redact_env({name: value for name, value in sorted(env.items()) if name.startswith(_KEPT_PREFIXES)})
 
 
 def _version(dist: str) -> str | None:
