@@ -157,7 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpucluster", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    profiles = sub.add_parser("profiles", help="list profiles, or show one resolved (after extends:)")
+    profiles = sub.add_parser(
+        "profiles",
+        help="list profiles, or show one resolved (after extends:); "
+        "also `profiles derive RESULTS.json... --name NAME` and `profiles check FILE...`",
+    )
     profiles.add_argument("name", nargs="?", help="profile name or YAML path")
     profiles.add_argument("--thresholds-dir", action="append", default=[], help="extra profile directory")
     profiles.add_argument("--json", action="store_true", help="print JSON instead of YAML")
@@ -197,9 +201,102 @@ EXTRA_COMMANDS: list[Callable[[Any], None]] = []
 """Subcommand registrars added by feature modules (report, compare, profiles derive...)."""
 
 
+PROFILE_COMMANDS = ("derive", "check")
+"""Reserved first words after ``profiles``: ``gpucluster profiles derive|check ...``. A profile
+file named like one of them is still shown by path: ``gpucluster profiles ./check.yaml``."""
+
+
+def cmd_profiles_derive(args: argparse.Namespace) -> int:
+    from pytest_gpucluster.profiles.derive import derive_files
+
+    derive_files(
+        [Path(p) for p in args.results],
+        name=args.name,
+        margin_text=args.margin,
+        from_baseline=args.from_baseline,
+        out=Path(args.out) if args.out else None,
+        extra_dirs=[Path(d) for d in args.thresholds_dir],
+        force=args.force,
+    )
+    return 0
+
+
+def cmd_profiles_check(args: argparse.Namespace) -> int:
+    """Schema and physics checks of each file, running nothing; exit 2 if any fails."""
+    import yaml
+
+    from pytest_gpucluster.profiles.devices import find_device, load_devices
+    from pytest_gpucluster.profiles.loader import load_profile
+    from pytest_gpucluster.profiles.physics import check_profile
+
+    dirs = [Path(d) for d in args.thresholds_dir]
+    failed = 0
+    for name in args.files:
+        try:
+            path = Path(name)
+            if (
+                path.is_file()
+                and isinstance(data := yaml.safe_load(path.read_text(encoding="utf-8")), dict)
+                and ("devices" in data and "name" not in data)
+            ):
+                print(f"ok    {name}: device table, {len(load_devices(path))} devices")
+                continue
+            profile = load_profile(name, dirs)
+        except (GpuClusterError, yaml.YAMLError, OSError) as exc:
+            failed += 1
+            print(f"FAIL  {name}: {exc}", file=sys.stderr)
+            continue
+        report = check_profile(profile.model)
+        device = (
+            find_device(profile.model.cluster.gpu_model) if profile.model.cluster.device == "cuda" else None
+        )
+        against = f"the peaks of {device.name}" if device else "the profile's own figures"
+        print(
+            f"ok    {name}: schema valid; {report.checked} threshold(s) held against {against}, "
+            f"{len(profile.warnings)} warning(s), {len(report.skipped)} not checked"
+        )
+        for warning in profile.warnings:
+            print(f"      warning: {warning}")
+        for skipped in report.skipped:
+            print(f"      not checked: {skipped}")
+    return 2 if failed else 0
+
+
+def build_profiles_command_parser(word: str) -> argparse.ArgumentParser:
+    """The parser of ``gpucluster profiles derive`` / ``gpucluster profiles check``."""
+    if word == "derive":
+        parser = argparse.ArgumentParser(
+            prog="gpucluster profiles derive",
+            description="Write a profile whose thresholds are a known-good run's measurements at a margin "
+            "(floors below, ceilings above); it extends the run's profile and is validated before writing.",
+        )
+        parser.add_argument("results", nargs="+", metavar="RESULTS.json")
+        parser.add_argument("--name", required=True, help="name of the new profile")
+        parser.add_argument("--margin", default="10%", help="distance from the measured value (default 10%%)")
+        parser.add_argument(
+            "--from-baseline", action="store_true", help="several results files: take the median across runs"
+        )
+        parser.add_argument("--out", metavar="FILE", help="where to write (default: ./NAME.yaml)")
+        parser.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+        parser.set_defaults(func=cmd_profiles_derive)
+    else:
+        parser = argparse.ArgumentParser(
+            prog="gpucluster profiles check",
+            description="Schema and physics checks of profiles (and of a devices.yaml), running nothing. "
+            "Exit 0 when every file passes, 2 otherwise.",
+        )
+        parser.add_argument("files", nargs="+", metavar="FILE", help="profile paths or names")
+        parser.set_defaults(func=cmd_profiles_check)
+    parser.add_argument("--thresholds-dir", action="append", default=[], help="extra profile directory")
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) > 1 and argv[0] == "profiles" and argv[1] in PROFILE_COMMANDS:
+        args = build_profiles_command_parser(argv[1]).parse_args(argv[2:])
+    else:
+        args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except GpuClusterError as exc:

@@ -36,6 +36,8 @@ class LoadedProfile:
     """The file and the files it extends, child first."""
     sha256: str
     """Hash over every file of the chain: a changed threshold shows up in results.json."""
+    warnings: tuple[str, ...] = ()
+    """Physics warnings (a threshold close to the hardware's peak), each naming file, line and key."""
 
     @property
     def name(self) -> str:
@@ -221,12 +223,37 @@ def load_profile(name_or_path: str, extra_dirs: Iterable[Path] = ()) -> LoadedPr
         model = ProfileModel.model_validate(merged)
     except ValidationError as exc:
         raise ProfileError(_describe(exc, chain)) from None
+    warnings = _check_physics(model, chain)
     digest = hashlib.sha256()
     for raw in chain:
         digest.update(raw.path.read_bytes())
     return LoadedProfile(
-        model=model, path=path, chain=tuple(r.path for r in chain), sha256=digest.hexdigest()
+        model=model,
+        path=path,
+        chain=tuple(r.path for r in chain),
+        sha256=digest.hexdigest(),
+        warnings=warnings,
     )
+
+
+def _check_physics(model: ProfileModel, chain: Sequence[_RawProfile]) -> tuple[str, ...]:
+    """Raise on thresholds the hardware cannot meet; return the warnings, located like errors."""
+    from pytest_gpucluster.profiles.physics import check_profile
+
+    report = check_profile(model)
+
+    def located(key: KeyPath, message: str) -> str:
+        owner = _owner(key, chain)
+        line = _nearest_line(key, owner.lines)
+        where = f"{owner.path}, line {line}" if line else str(owner.path)
+        return f"{where}, key '{format_key(key)}': {message}"
+
+    if report.errors:
+        problems = "\n  ".join(located(f.key, f.message) for f in report.errors)
+        raise ProfileError(
+            f"hardware profile {chain[0].path} asks for what its hardware cannot do:\n  {problems}"
+        )
+    return tuple(located(f.key, f.message) for f in report.warnings)
 
 
 def _describe(exc: ValidationError, chain: Sequence[_RawProfile]) -> str:
