@@ -360,41 +360,33 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
     ]
 
 
-def comparison_lines(
-    comparison: BaselineComparison, *, show_ok: bool = True, limit: int | None = None
-) -> list[str]:
-    """The comparison as a terminal table: regressions first, then what is missing and what changed.
+COMPARISON_HEADER = ("STATUS", "METRIC", "BASELINE", "NOW", "CHANGE", "DIRECTION")
 
-    ``show_ok=False`` folds the rows within tolerance into a count; ``limit`` caps the rows shown.
-    """
-    c = comparison
-    lines = [
+
+def comparison_row(ch: MetricChange) -> tuple[str, ...]:
+    return (
+        ch.status.upper() if ch.status == "regression" else ch.status,
+        ch.subject,
+        fmt_value(ch.old, ch.unit),
+        fmt_value(ch.new, ch.unit),
+        fmt_change(ch.change),
+        f"{ch.direction} is better ({ch.why})" if ch.direction else ch.why,
+    )
+
+
+def comparison_head(c: BaselineComparison) -> list[str]:
+    return [
         f"baseline {c.baseline}",
         f"current  {c.current}",
         f"tolerance {c.tolerance * 100:g}% (max regression)",
     ]
-    shown = [ch for ch in c.changes if show_ok or ch.status != "ok"][:limit]
-    if shown:
-        rows = [
-            (
-                ch.status.upper() if ch.status == "regression" else ch.status,
-                ch.subject,
-                fmt_value(ch.old, ch.unit),
-                fmt_value(ch.new, ch.unit),
-                fmt_change(ch.change),
-                f"{ch.direction} is better ({ch.why})" if ch.direction else ch.why,
-            )
-            for ch in shown
-        ]
-        lines += _table(("STATUS", "METRIC", "BASELINE", "NOW", "CHANGE", "DIRECTION"), rows)
-    elif not c.changes:
+
+
+def comparison_notes(c: BaselineComparison) -> list[str]:
+    """What is missing on either side, what changed in the environment, and the verdict."""
+    lines = []
+    if not c.changes:
         lines.append("no measurement is present in both runs")
-    hidden_ok = 0 if show_ok else sum(ch.status == "ok" for ch in c.changes)
-    cut = len(c.changes) - hidden_ok - len(shown)
-    if cut:
-        lines.append(f"... and {cut} more rows outside tolerance (see the report)")
-    if hidden_ok:
-        lines.append(f"{hidden_ok} more within tolerance")
     if c.only_in_baseline:
         lines.append(f"missing from this run ({len(c.only_in_baseline)}): " + "; ".join(c.only_in_baseline))
     if c.only_in_current:
@@ -404,14 +396,37 @@ def comparison_lines(
     else:
         lines.append("what changed: nothing in the environment fingerprint")
     n = len(c.regressions)
+    tolerance = f"{c.tolerance * 100:g}%"
     if c.machine_changed and n:
         lines.append(
-            f"WARNING: {n} regression(s), not failing: the machine changed ({'; '.join(c.machine_changed)})"
+            f"WARNING: {n} regression(s) beyond {tolerance}, not failing: the machine changed "
+            f"({'; '.join(c.machine_changed)})"
         )
     elif n:
-        lines.append(f"FAILED: {n} measurement(s) regressed more than {c.tolerance * 100:g}%")
+        lines.append(f"FAILED: {n} measurement(s) regressed more than {tolerance}")
     else:
-        lines.append(
-            f"no regression beyond {c.tolerance * 100:g}% in {len(c.changes)} compared measurement(s)"
-        )
+        if c.machine_changed:
+            lines.append(f"note: the machine changed ({'; '.join(c.machine_changed)})")
+        lines.append(f"no regression beyond {tolerance} in {len(c.changes)} compared measurement(s)")
     return lines
+
+
+def comparison_lines(
+    comparison: BaselineComparison, *, show_ok: bool = True, limit: int | None = None
+) -> list[str]:
+    """The comparison as a terminal table: regressions first, then what is missing and what changed.
+
+    ``show_ok=False`` folds the rows within tolerance into a count; ``limit`` caps the rows shown.
+    """
+    c = comparison
+    lines = comparison_head(c)
+    shown = [ch for ch in c.changes if show_ok or ch.status != "ok"][:limit]
+    if shown:
+        lines += _table(COMPARISON_HEADER, [comparison_row(ch) for ch in shown])
+    hidden_ok = 0 if show_ok else sum(ch.status == "ok" for ch in c.changes)
+    cut = len(c.changes) - hidden_ok - len(shown)
+    if cut:
+        lines.append(f"... and {cut} more rows outside tolerance (see the report)")
+    if hidden_ok:
+        lines.append(f"{hidden_ok} more within tolerance")
+    return lines + comparison_notes(c)

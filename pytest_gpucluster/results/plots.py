@@ -19,7 +19,7 @@ import io
 import math
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,8 @@ X_LABELS = ("size_bytes", "nodes", "to_nodes", "world_size", "ranks", "gpus")
 """Labels that make a curve, in order of preference; size_bytes gets a log2 axis."""
 BAR_LABELS = ("rank", "host", "node", "gpu", "pair")
 ALWAYS_PLOTTED = ("sft.", "scaling.")
+FAMILIES = ("collectives.", "nccl.", "nvlink.", "burnin.", "sft.", "scaling.")
+"""Chart order in the report: communication first, then training."""
 MAX_PLOTS = 60
 
 _SCALES = {"B/s": (1e9, "GB/s"), "FLOP/s": (1e12, "TFLOP/s"), "fraction": (0.01, "%"), "B": (2**30, "GiB")}
@@ -49,8 +51,10 @@ def unavailable() -> str | None:
     """None when plots can be drawn, else the reason (for the report to say)."""
     try:
         import matplotlib  # noqa: F401
-    except ImportError:
+    except ModuleNotFoundError:
         return "matplotlib is not installed (pip install 'pytest-gpucluster[report]')"
+    except ImportError as exc:  # installed but broken (e.g. numpy re-imported in one process)
+        return f"matplotlib cannot be imported: {exc}"
     return None
 
 
@@ -121,11 +125,12 @@ def group_measurements(measurements: Sequence[Measurement]) -> list[_Group]:
     for (metric, scope, _, _), members in rest.items():
         if len(members) >= 2 or metric.startswith(ALWAYS_PLOTTED):
             groups.append(_Group("bars", metric, scope, "", "", tuple(members)))
-    order = {"curve": 0, "bars": 1}
-    groups.sort(
-        key=lambda g: (not g.metric.startswith("collectives."), order[g.kind], g.metric, g.scope or "")
-    )
+    groups.sort(key=lambda g: (_family(g.metric), g.metric, g.scope or "", g.kind, g.fixed))
     return groups
+
+
+def _family(metric: str) -> int:
+    return next((i for i, prefix in enumerate(FAMILIES) if metric.startswith(prefix)), len(FAMILIES))
 
 
 def _title(g: _Group) -> str:
@@ -133,7 +138,7 @@ def _title(g: _Group) -> str:
     return " ".join(p for p in parts if p)
 
 
-def _draw_curve(ax: Any, g: _Group, factor: float) -> str:
+def _draw_curve(ax: Any, g: _Group, factor: float, baseline: Mapping[str, float | None]) -> str:
     series: dict[str, list[Measurement]] = defaultdict(list)
     for m in g.members:
         series[_label_text({k: v for k, v in m.labels.items() if k != g.axis})].append(m)
@@ -154,6 +159,16 @@ def _draw_curve(ax: Any, g: _Group, factor: float) -> str:
                 [s.max / factor for _, s in spread],
                 alpha=0.2,
                 color=line.get_color(),
+            )
+        old = [(x, baseline.get(m.key)) for x, m in zip(xs, ms, strict=True)]
+        old = [(x, v) for x, v in old if v is not None]
+        if old:
+            ax.plot(
+                [x for x, _ in old],
+                [v / factor for _, v in old],  # type: ignore[operator]
+                linestyle=":",
+                color="grey",
+                label=f"baseline {name}".rstrip(),
             )
         gated = [(x, m) for x, m in zip(xs, ms, strict=True) if m.threshold is not None]
         if gated:
@@ -238,8 +253,15 @@ def _draw_bars(ax: Any, g: _Group, factor: float) -> str:
     return caption
 
 
-def render_plots(measurements: Sequence[Measurement], limit: int = MAX_PLOTS) -> list[Plot]:
-    """PNG charts of the measurements (empty when matplotlib is missing: see ``unavailable``)."""
+def render_plots(
+    measurements: Sequence[Measurement],
+    baseline: Mapping[str, float | None] | None = None,
+    limit: int = MAX_PLOTS,
+) -> list[Plot]:
+    """PNG charts of the measurements (empty when matplotlib is missing: see ``unavailable``).
+
+    ``baseline`` maps ``Measurement.key`` to the baseline run's value: curves draw it dotted grey.
+    """
     if unavailable() is not None:
         return []
     from matplotlib.figure import Figure
@@ -250,7 +272,9 @@ def render_plots(measurements: Sequence[Measurement], limit: int = MAX_PLOTS) ->
         ax = fig.add_subplot()
         unit = g.members[0].unit
         factor, shown = _scale(unit, [m.value for m in g.members if math.isfinite(m.value)])
-        caption = _draw_curve(ax, g, factor) if g.kind == "curve" else _draw_bars(ax, g, factor)
+        caption = (
+            _draw_curve(ax, g, factor, baseline or {}) if g.kind == "curve" else _draw_bars(ax, g, factor)
+        )
         title = _title(g)
         ax.set_title(title, fontsize=9)
         ax.set_ylabel(shown)

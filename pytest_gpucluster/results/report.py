@@ -18,19 +18,20 @@ from pathlib import Path
 from typing import Any
 
 from pytest_gpucluster.results.baseline import (
+    COMPARISON_HEADER,
     BaselineComparison,
     RunResults,
     compare_runs,
+    comparison_head,
     comparison_lines,
-    fmt_change,
-    fmt_value,
+    comparison_notes,
+    comparison_row,
 )
 from pytest_gpucluster.results.model import TestOutcome
 from pytest_gpucluster.results.plots import Plot, render_plots, unavailable
 from pytest_gpucluster.results.recorder import Recorder
 from pytest_gpucluster.results.summary import (
     FAILURE_HEADINGS,
-    failure_lines,
     measurement_rows,
     outcome_counts,
 )
@@ -107,141 +108,123 @@ def _environment(run: RunResults) -> list[tuple[str, str]]:
     return rows
 
 
-def _md_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
-    def cell(text: str) -> str:
-        return text.replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
-    return lines
+Block = tuple[Any, ...]
+"""("h2", text) | ("p", text) | ("table", header, rows, css_class_column) | ("pre", lines) | ("plot", Plot)."""
 
 
-def _comparison_rows(comparison: BaselineComparison) -> list[tuple[str, ...]]:
-    return [
-        (
-            c.status,
-            c.subject,
-            fmt_value(c.old, c.unit),
-            fmt_value(c.new, c.unit),
-            fmt_change(c.change),
-            f"{c.tolerance * 100:g}%",
-        )
-        for c in comparison.changes
-    ]
-
-
-_COMPARISON_HEADER = ("status", "metric", "baseline", "now", "change", "allowed")
-
-
-def _markdown(
+def _blocks(
     run: RunResults, comparison: BaselineComparison | None, plots: list[Plot], note: str | None
-) -> str:
-    out = [
-        "# GPU cluster acceptance report",
-        "",
-        f"**{_verdict(run, comparison)}**",
-        "",
-        f"Results: `{run.source}`",
-        "",
-    ]
-    out += ["## Environment", "", *_md_table(("", ""), _environment(run)), ""]
-    failures = failure_lines(run.outcomes)
-    if failures:
-        out += ["## Failures", "", "```", *failures, "```", ""]
-    out += ["## Measurements", ""]
-    if run.measurements:
-        out += _md_table(("verdict", "metric", "measured", "threshold"), measurement_rows(run.measurements))
-        out += ["", "Every value, one row each: `summary.csv`.", ""]
-    else:
-        out += ["No measurements were recorded.", ""]
+) -> list[Block]:
+    """The report's content once; Markdown and HTML only render it. Order: what a reader decides
+    on first (verdict, failures, regressions), then the plots, then every number and the setup."""
+    blocks: list[Block] = [("p", f"Results: {run.source}")]
+    for category, heading in FAILURE_HEADINGS:
+        failed = [o for o in run.outcomes if o.category == category]
+        if failed:
+            rows = [(o.test_id, (o.message.splitlines() or [o.outcome])[0]) for o in failed]
+            blocks += [("h2", f"{heading}: {len(failed)}"), ("table", ("test", "message"), rows, None)]
     if comparison is not None:
-        out += [
-            "## Comparison with the baseline",
-            "",
-            "```",
-            *comparison_lines(comparison, show_ok=False),
-            "```",
-            "",
-        ]
-        if comparison.changes:
-            out += [*_md_table(_COMPARISON_HEADER, _comparison_rows(comparison)), ""]
-    out += ["## Plots", ""]
+        blocks += [("h2", "Comparison with the baseline"), ("pre", comparison_head(comparison))]
+        shown = [c for c in comparison.changes if c.status != "ok"]
+        if shown:
+            rows = [comparison_row(c) for c in shown]
+            blocks.append(("table", tuple(h.lower() for h in COMPARISON_HEADER), rows, 0))
+        within = len(comparison.changes) - len(shown)
+        if within:
+            blocks.append(("p", f"{within} more within tolerance (each in summary.csv: baseline, change)."))
+        blocks.append(("pre", comparison_notes(comparison)))
+    blocks.append(("h2", "Plots"))
     if note:
-        out += [f"Plots are not included: {note}.", ""]
+        blocks.append(("p", f"Plots are not included: {note}."))
     elif not plots:
-        out += ["Nothing to plot: no metric has a size, rank or host series.", ""]
-    for plot in plots:
-        out += [
-            f"### {plot.title}",
-            "",
-            f"![{plot.title}](plots/{plot.filename})",
-            "",
-            f"_{plot.caption}_",
-            "",
+        blocks.append(("p", "Nothing to plot: no metric has a size, rank, host or node series."))
+    blocks += [("plot", plot) for plot in plots]
+    blocks.append(("h2", "Measurements"))
+    if run.measurements:
+        header = ("verdict", "metric", "measured", "threshold")
+        blocks += [
+            ("table", header, measurement_rows(run.measurements), 0),
+            ("p", "Every value, one row each, is in summary.csv."),
         ]
+    else:
+        blocks.append(("p", "No measurements were recorded."))
+    blocks += [("h2", "Environment"), ("table", ("", ""), _environment(run), None)]
+    return blocks
+
+
+def _markdown(verdict: str, blocks: list[Block]) -> str:
+    def cell(text: str) -> str:
+        return str(text).replace("|", "\\|").replace("\n", " ")
+
+    out = ["# GPU cluster acceptance report", "", f"**{verdict}**", ""]
+    for kind, *rest in blocks:
+        if kind == "h2":
+            out += [f"## {rest[0]}", ""]
+        elif kind == "p":
+            out += [rest[0], ""]
+        elif kind == "pre":
+            out += ["```", *rest[0], "```", ""]
+        elif kind == "table":
+            header, rows, _ = rest
+            out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows] + [""]
+        elif kind == "plot":
+            plot = rest[0]
+            out += [
+                f"### {plot.title}",
+                "",
+                f"![{plot.title}](plots/{plot.filename})",
+                "",
+                f"_{plot.caption}_",
+                "",
+            ]
     return "\n".join(out)
 
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}
-table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
-th{background:#f0f0f0}.FAIL,.regression{background:#fdd}.PASS,.ok{background:#efe}.verdict{font-size:1.3em;font-weight:bold}
-.bad{color:#b00}.good{color:#070}pre{background:#f6f6f6;padding:1em;overflow-x:auto}figure{margin:1.5em 0}
+table{border-collapse:collapse;margin:1em 0;font-size:13px}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}th{background:#f0f0f0}
+.FAIL,.REGRESSION,.no.value{background:#fdd}.PASS,.improved{background:#efe}
+.verdict{font-size:1.3em;font-weight:bold}.bad{color:#b00}.good{color:#070}
+pre{background:#f6f6f6;padding:.6em 1em;overflow-x:auto}figure{margin:1.5em 0}
 figcaption{font-size:12px;color:#555}img{max-width:100%;border:1px solid #ddd}
 """
 
 
-def _html_table(header: tuple[str, ...], rows: list[tuple[str, ...]], class_col: int | None = 0) -> str:
+def _html(verdict: str, blocks: list[Block]) -> str:
     e = html.escape
-    head = "".join(f"<th>{e(h)}</th>" for h in header)
-    body = []
-    for row in rows:
-        cls = f' class="{e(row[class_col])}"' if class_col is not None else ""
-        body.append(f"<tr{cls}>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
-
-
-def _html(run: RunResults, comparison: BaselineComparison | None, plots: list[Plot], note: str | None) -> str:
-    e = html.escape
-    verdict = _verdict(run, comparison)
+    good = verdict.startswith("FIT")
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>GPU cluster acceptance report</title>",
         f"<style>{_CSS}</style></head><body><h1>GPU cluster acceptance report</h1>",
-        f"<p class='verdict {'good' if verdict.startswith('FIT') else 'bad'}'>{e(verdict)}</p>",
-        f"<p>Results: <code>{e(run.source)}</code></p><h2>Environment</h2>",
-        _html_table(("", ""), _environment(run), class_col=None),
+        f"<p class='verdict {'good' if good else 'bad'}'>{e(verdict)}</p>",
     ]
-    for category, heading in FAILURE_HEADINGS:
-        failed = [o for o in run.outcomes if o.category == category]
-        if failed:
-            parts.append(f"<h2 class='bad'>{e(heading)}: {len(failed)}</h2>")
+    for kind, *rest in blocks:
+        if kind == "h2":
+            bad = rest[0].startswith(tuple(h for _, h in FAILURE_HEADINGS))
+            parts.append(f"<h2{' class=bad' if bad else ''}>{e(rest[0])}</h2>")
+        elif kind == "p":
+            parts.append(f"<p>{e(rest[0])}</p>")
+        elif kind == "pre":
+            parts.append(f"<pre>{e(chr(10).join(rest[0]))}</pre>")
+        elif kind == "table":
+            header, rows, class_col = rest
+            head = "".join(f"<th>{e(h)}</th>" for h in header) if any(header) else ""
+            body = [
+                (f"<tr class='{e(row[class_col])}'>" if class_col is not None else "<tr>")
+                + "".join(f"<td>{e(str(c))}</td>" for c in row)
+                + "</tr>"
+                for row in rows
+            ]
+            parts.append(f"<table>{f'<tr>{head}</tr>' if head else ''}{''.join(body)}</table>")
+        elif kind == "plot":
+            plot = rest[0]
+            data = base64.b64encode(plot.png).decode("ascii")
             parts.append(
-                _html_table(("test", "message"), [(o.test_id, o.message) for o in failed], class_col=None)
+                f"<figure><img alt='{e(plot.title)}' src=\"data:image/png;base64,{data}\">"
+                f"<figcaption>{e(plot.title)}: {e(plot.caption)}</figcaption></figure>"
             )
-    parts.append("<h2>Measurements</h2>")
-    if run.measurements:
-        parts.append(
-            _html_table(("verdict", "metric", "measured", "threshold"), measurement_rows(run.measurements))
-        )
-        parts.append("<p>Every value, one row each: <code>summary.csv</code>.</p>")
-    else:
-        parts.append("<p>No measurements were recorded.</p>")
-    if comparison is not None:
-        parts.append("<h2>Comparison with the baseline</h2>")
-        parts.append(f"<pre>{e(chr(10).join(comparison_lines(comparison, show_ok=False)))}</pre>")
-        if comparison.changes:
-            parts.append(_html_table(_COMPARISON_HEADER, _comparison_rows(comparison)))
-    parts.append("<h2>Plots</h2>")
-    if note:
-        parts.append(f"<p>Plots are not included: {e(note)}.</p>")
-    elif not plots:
-        parts.append("<p>Nothing to plot: no metric has a size, rank or host series.</p>")
-    for plot in plots:
-        data = base64.b64encode(plot.png).decode("ascii")
-        parts.append(
-            f"<figure><img alt='{e(plot.title)}' src=\"data:image/png;base64,{data}\">"
-            f"<figcaption>{e(plot.title)}: {e(plot.caption)}</figcaption></figure>"
-        )
     parts.append("</body></html>")
     return "\n".join(parts)
 
@@ -289,7 +272,8 @@ def write_reports(
         comparison = BaselineComparison.from_json(run.baseline)
     out_dir.mkdir(parents=True, exist_ok=True)
     note = unavailable()
-    plots = [] if note else render_plots(run.measurements)
+    old_values = {c.key: c.old for c in comparison.changes} if comparison is not None else {}
+    plots = [] if note else render_plots(run.measurements, old_values)
     plot_paths: list[Path] = []
     if plots:
         plot_dir = out_dir / "plots"
@@ -306,8 +290,10 @@ def write_reports(
         plots=tuple(plot_paths),
         note=note,
     )
-    _write_atomic(files.markdown, _markdown(run, comparison, plots, note))
-    _write_atomic(files.html, _html(run, comparison, plots, note))
+    verdict = _verdict(run, comparison)
+    blocks = _blocks(run, comparison, plots, note)
+    _write_atomic(files.markdown, _markdown(verdict, blocks))
+    _write_atomic(files.html, _html(verdict, blocks))
     _write_atomic(files.csv, _csv(run, comparison))
     return files
 

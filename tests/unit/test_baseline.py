@@ -1,0 +1,233 @@
+"""The regression gate: direction, tolerance, matching on metric+scope+labels, missing metrics,
+fingerprint diff, a changed machine, unreadable files, and `gpucluster compare` exit codes."""
+
+import json
+import math
+
+import pytest
+
+from pytest_gpucluster import cli
+from pytest_gpucluster.results.baseline import (
+    BaselineComparison,
+    ResultsFileError,
+    RunResults,
+    compare_runs,
+    comparison_lines,
+    direction_of,
+    read_results,
+)
+from pytest_gpucluster.results.model import SCHEMA_VERSION, Measurement
+
+GB = 1e9
+
+
+def m(metric, value, unit="B/s", threshold=None, comparison=">=", scope="intra-node", **labels):
+    verdict = "info" if threshold is None else "pass"
+    return Measurement(
+        test_id="t::x",
+        metric=metric,
+        value=value,
+        unit=unit,
+        threshold=threshold,
+        comparison=comparison,
+        verdict=verdict,
+        scope=scope,
+        labels=labels,
+    )
+
+
+FINGERPRINT = {
+    "hosts": ["node1", "node2"],
+    "gpu_model": "NVIDIA H100 80GB HBM3",
+    "gpu_count": 8,
+    "platform": "Linux-5.15",
+    "versions": {"nccl": "2.21.5", "driver": "550.54.15", "torch": "2.3.0", "cuda": "12.4"},
+    "environment": {"NCCL_IB_HCA": "mlx5_0"},
+}
+
+
+def run(measurements, source="run.json", **fingerprint):
+    return RunResults(
+        source=source,
+        measurements=tuple(measurements),
+        outcomes=(),
+        fingerprint={**FINGERPRINT, **fingerprint},
+        profile={"name": "h100-ib", "sha256": "a" * 64},
+    )
+
+
+@pytest.mark.parametrize(
+    ("measurement", "direction"),
+    [
+        (m("x", 1.0, unit="GPUs", threshold=1.0), "higher"),  # a floor says higher is better
+        (m("x", 1.0, unit="B/s", threshold=1.0, comparison="<="), "lower"),  # a ceiling wins over the unit
+        (m("collectives.all_reduce.busbw", 1.0, unit="B/s"), "higher"),
+        (m("sft.tflops", 1.0, unit="FLOP/s"), "higher"),
+        (m("sft.tokens", 1.0, unit="tokens/s"), "higher"),
+        (m("sft.mfu", 0.4, unit="fraction"), "higher"),
+        (m("sft.step_time", 1.0, unit="s"), "lower"),
+        (m("sft.peak_memory", 1.0, unit="B"), "lower"),
+        (m("inventory.gpus", 8, unit="GPUs", threshold=8, comparison="=="), None),
+        (m("inventory.cuda", 1, unit="bool"), None),
+    ],
+)
+def test_direction_from_comparison_then_unit(measurement, direction):
+    assert direction_of(measurement)[0] == direction
+
+
+def test_busbw_drop_beyond_tolerance_is_a_regression_with_old_new_and_change():
+    old = run([m("collectives.all_reduce.busbw", 200 * GB, size_bytes=2**30)], "old.json")
+    new = run([m("collectives.all_reduce.busbw", 180 * GB, size_bytes=2**30)], "new.json")
+    c = compare_runs(old, new, 0.05)
+    assert [ch.status for ch in c.changes] == ["regression"]
+    ch = c.regressions[0]
+    assert (ch.old, ch.new) == (200 * GB, 180 * GB)
+    assert ch.change == pytest.approx(-0.10)
+    assert c.fails
+    message = c.failure_message()
+    assert "collectives.all_reduce.busbw [intra-node] (size_bytes=1073741824)" in message
+    assert "200 GB/s -> 180 GB/s (-10.0%, allowed -5%)" in message
+    assert "old.json" in message
+
+
+def test_within_tolerance_and_exactly_at_tolerance_pass():
+    old = run([m("a.busbw", 100.0, size_bytes=1), m("b.busbw", 100.0, size_bytes=1)])
+    new = run([m("a.busbw", 96.0, size_bytes=1), m("b.busbw", 95.0, size_bytes=1)])
+    c = compare_runs(old, new, 0.05)
+    assert {ch.metric: ch.status for ch in c.changes} == {"a.busbw": "ok", "b.busbw": "ok"}
+    assert not c.fails
+
+
+def test_ceiling_metric_regresses_when_it_grows_and_improves_when_it_shrinks():
+    old = run(
+        [m("sft.step_time", 1.0, "s", 2.0, "<=", case="a"), m("sft.step_time", 1.0, "s", 2.0, "<=", case="b")]
+    )
+    new = run(
+        [m("sft.step_time", 1.2, "s", 2.0, "<=", case="a"), m("sft.step_time", 0.5, "s", 2.0, "<=", case="b")]
+    )
+    c = compare_runs(old, new, 0.05)
+    status = {ch.labels["case"]: ch.status for ch in c.changes}
+    assert status == {"a": "regression", "b": "improved"}
+    assert c.changes[0].status == "regression"  # regressions are listed first
+
+
+def test_higher_bandwidth_is_an_improvement_not_a_regression():
+    c = compare_runs(run([m("x.busbw", 100.0)]), run([m("x.busbw", 200.0)]), 0.05)
+    assert c.changes[0].status == "improved"
+    assert not c.fails
+
+
+def test_matching_is_on_metric_scope_and_labels_not_test_id():
+    old = run(
+        [m("x.busbw", 100.0, size_bytes=1024), m("x.busbw", 100.0, scope="inter-node", size_bytes=1024)]
+    )
+    renamed = Measurement(**{**m("x.busbw", 50.0, size_bytes=1024).to_json(), "test_id": "renamed::t"})
+    new = run([renamed, m("x.busbw", 100.0, size_bytes=2048)])
+    c = compare_runs(old, new, 0.05)
+    assert [(ch.scope, ch.status) for ch in c.changes] == [("intra-node", "regression")]
+    assert c.only_in_baseline == ("x.busbw|inter-node|size_bytes=1024",)
+    assert c.only_in_current == ("x.busbw|intra-node|size_bytes=2048",)
+    text = "\n".join(comparison_lines(c))
+    assert "missing from this run (1): x.busbw|inter-node|size_bytes=1024" in text
+    assert "not in the baseline (1): x.busbw|intra-node|size_bytes=2048" in text
+
+
+def test_unknown_unit_is_compared_but_not_gated_and_nan_is_reported():
+    old = run([m("inventory.gpus", 8, unit="GPUs"), m("x.busbw", 100.0)])
+    new = run([m("inventory.gpus", 4, unit="GPUs"), m("x.busbw", math.nan)])
+    c = compare_runs(old, new, 0.05)
+    status = {ch.metric: ch.status for ch in c.changes}
+    assert status == {"inventory.gpus": "ungated", "x.busbw": "no value"}
+    assert not c.fails
+
+
+def test_per_metric_override_by_glob():
+    old = run([m("sft.tokens_per_s", 100.0, unit="tokens/s"), m("x.busbw", 100.0)])
+    new = run([m("sft.tokens_per_s", 85.0, unit="tokens/s"), m("x.busbw", 85.0)])
+    c = compare_runs(old, new, 0.05, overrides={"sft.*": 0.20})
+    assert {ch.metric: ch.status for ch in c.changes} == {"sft.tokens_per_s": "ok", "x.busbw": "regression"}
+
+
+def test_environment_diff_says_what_changed():
+    old = run([m("x.busbw", 100.0)])
+    new = run(
+        [m("x.busbw", 100.0)],
+        versions={"nccl": "2.23.4", "driver": "560.28.03", "torch": "2.3.0", "cuda": "12.4"},
+        environment={"NCCL_IB_HCA": "mlx5_1", "NCCL_ALGO": "Ring"},
+    )
+    changed = [str(e) for e in compare_runs(old, new, 0.05).environment]
+    assert "NCCL 2.21.5 -> 2.23.4" in changed
+    assert "driver 550.54.15 -> 560.28.03" in changed
+    assert "NCCL_IB_HCA mlx5_0 -> mlx5_1" in changed
+    assert "NCCL_ALGO (unset) -> Ring" in changed
+    assert not any(s.startswith(("torch", "CUDA")) for s in changed)  # unchanged ones are not listed
+
+
+def test_changed_machine_warns_instead_of_failing():
+    old = run([m("x.busbw", 100.0)])
+    new = run([m("x.busbw", 50.0)], gpu_model="NVIDIA H200", hosts=["other1", "other2"])
+    c = compare_runs(old, new, 0.05)
+    assert c.regressions and not c.fails
+    assert c.machine_changed == (
+        "GPU model NVIDIA H100 80GB HBM3 -> NVIDIA H200",
+        "hosts node1,node2 -> other1,other2",
+    )
+    assert comparison_lines(c)[-1].startswith(
+        "WARNING: 1 regression(s) beyond 5%, not failing: the machine changed"
+    )
+
+
+def test_comparison_survives_json_round_trip():
+    c = compare_runs(run([m("x.busbw", 100.0, size_bytes=8)]), run([m("x.busbw", 10.0, size_bytes=8)]), 0.05)
+    again = BaselineComparison.from_json(json.loads(json.dumps(c.to_json())))
+    assert again == c
+
+
+def _write(path, data):
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_read_results_errors_name_the_file_and_the_problem(tmp_path):
+    with pytest.raises(ResultsFileError, match=r"cannot read results file .*missing.json: No such file"):
+        read_results(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ResultsFileError, match=r"bad.json is not valid JSON \(line 1, column 2"):
+        read_results(tmp_path / "bad.json")
+    _write(tmp_path / "other.json", {"hello": 1})
+    with pytest.raises(ResultsFileError, match=r"not a pytest-gpucluster results\.json"):
+        read_results(tmp_path / "other.json")
+    _write(tmp_path / "future.json", {"schema_version": SCHEMA_VERSION + 1, "measurements": []})
+    with pytest.raises(
+        ResultsFileError, match=f"schema_version {SCHEMA_VERSION + 1}; .* up to {SCHEMA_VERSION}"
+    ):
+        read_results(tmp_path / "future.json")
+
+
+def _results_file(path, busbw):
+    data = {
+        "schema_version": SCHEMA_VERSION,
+        "fingerprint": FINGERPRINT,
+        "measurements": [m("collectives.all_gather.busbw", busbw, size_bytes=2**20).to_json()],
+        "outcomes": [],
+    }
+    return _write(path, data)
+
+
+def test_cli_compare_exit_codes(tmp_path, capsys):
+    old = _results_file(tmp_path / "old.json", 100 * GB)
+    same = _results_file(tmp_path / "same.json", 98 * GB)
+    slow = _results_file(tmp_path / "slow.json", 88 * GB)
+    assert cli.main(["compare", str(old), str(same)]) == 0
+    assert "no regression beyond 5% in 1 compared measurement(s)" in capsys.readouterr().out
+    assert cli.main(["compare", str(old), str(slow)]) == 1
+    out = capsys.readouterr().out
+    assert "REGRESSION  collectives.all_gather.busbw [intra-node] (size_bytes=1048576)  100 GB/s" in out
+    assert "-12.0%" in out
+    assert cli.main(["compare", str(old), str(slow), "--max-regression", "15%"]) == 0
+    assert cli.main(["compare", str(old), str(slow), "--max-regression", "0.15"]) == 0
+    capsys.readouterr()
+    assert cli.main(["compare", str(old), str(tmp_path / "nope.json")]) == 2
+    assert "cannot read results file" in capsys.readouterr().err
+    assert cli.main(["compare", str(old), str(slow), "--max-regression", "lots"]) == 2
+    assert "--max-regression 'lots': expected a percentage such as 5%" in capsys.readouterr().err
