@@ -55,7 +55,7 @@ class GpuClusterSession:
         profile = load_profile(name, extra_dirs)
         results_dir = _results_dir(settings)
         worker = hasattr(config, "workerinput")
-        recorder = Recorder(path=results_dir / "results.json")
+        recorder = Recorder(path=results_dir / "results.json", persist=not worker)
         session = cls(
             settings=settings,
             machine=machine,

@@ -71,6 +71,9 @@ class Recorder:
     current_test: str = ""
     on_measurement: Callable[[Measurement], None] | None = None
     started_at: float = field(default_factory=time.time)
+    persist: bool = True
+    """False in pytest-xdist workers: the controller alone owns results.json (measurements reach it
+    on the test reports), so a worker never overwrites the file with its partial view."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __repr__(self) -> str:
@@ -163,6 +166,8 @@ class Recorder:
 
     def flush(self) -> None:
         """Rewrite results.json atomically (write a temp file, fsync, rename)."""
+        if not self.persist:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         payload = json.dumps(self.to_json(), indent=1, default=str)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
