@@ -5,7 +5,7 @@
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.figure  # noqa: E402, F401
-import numpy  # noqa: E402, F401
+import matplotlib.figure
+import numpy  # noqa: F401
 
 pytest_plugins = ["pytester"]
