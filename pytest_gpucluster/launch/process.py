@@ -101,11 +101,13 @@ def find_job_pids(job_id: str, proc: str = "/proc") -> list[int]:
 
 
 def _is_worker(pid: int, proc: str = "/proc") -> bool:
+    """A rank process (the agent's own argv names the worker module too, but it is no rank)."""
     try:
         with open(f"{proc}/{pid}/cmdline", "rb") as handle:
-            return WORKER_MODULE.encode() in handle.read()
+            args = handle.read().split(b"\0")
     except OSError:
         return False
+    return WORKER_MODULE.encode() in args and b"torch.distributed.run" not in args
 
 
 def _signal_all(pids: Sequence[int], sig: int) -> None:

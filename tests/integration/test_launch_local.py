@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture
-def cluster(tmp_path):
+def local_cluster(tmp_path):
     lines: list[str] = []
     made = Cluster(
         ClusterSpec.from_local(2, backend="gloo"), get_launcher("torchrun"), tmp_path / "results",
@@ -48,19 +48,21 @@ def processes_with_job_id(job_id: str) -> list[int]:
     return found
 
 
-def test_values_come_back_per_rank(cluster):
-    result = cluster.run(basic.all_reduce_sum, timeout=90)
+def test_values_come_back_per_rank(local_cluster):
+    result = local_cluster.run(basic.all_reduce_sum, timeout=90)
     values = result.values
     assert [v["sum"] for v in values] == [3.0, 3.0]
     assert [r.rank for r in result.ranks] == [0, 1] and [r.local_rank for r in result.ranks] == [0, 1]
     assert all(r.log_path.is_file() for r in result.ranks)
-    assert any("all_reduce_sum: 2 ranks, sum 3" in line for line in cluster.progress_lines)
+    assert any("all_reduce_sum: 2 ranks, sum 3" in line for line in local_cluster.progress_lines)
     assert (result.job_dir / "agent-localhost.log").is_file()
     assert processes_with_job_id(result.job_id) == []
 
 
-def test_a_raising_rank_fails_with_its_traceback_and_host(cluster):
-    result = cluster.run("pytest_gpucluster.workloads.basic:fail_on_rank", options={"rank": 1}, timeout=90)
+def test_a_raising_rank_fails_with_its_traceback_and_host(local_cluster):
+    result = local_cluster.run(
+        "pytest_gpucluster.workloads.basic:fail_on_rank", options={"rank": 1}, timeout=90
+    )
     assert not result.ok
     assert [r.status for r in result.ranks] == ["ok", "error"]
     with pytest.raises(JobFailed) as info:
@@ -72,10 +74,10 @@ def test_a_raising_rank_fails_with_its_traceback_and_host(cluster):
     assert str(result.job_dir / "rank-1.log") in text and result.job_dir.is_dir()
 
 
-def test_a_hanging_rank_is_killed_with_its_stack_and_nothing_survives(cluster):
-    timeout = 15.0
+def test_a_hanging_rank_is_killed_with_its_stack_and_nothing_survives(local_cluster):
+    timeout = 20.0
     start = time.monotonic()
-    result = cluster.run(basic.hang_on_rank, options={"rank": 1}, timeout=timeout)
+    result = local_cluster.run(basic.hang_on_rank, options={"rank": 1}, timeout=timeout)
     elapsed = time.monotonic() - start
     assert elapsed < timeout + 10, f"the hung job took {elapsed:.1f} s to be stopped"
     assert result.timed_out and not result.ok

@@ -1,0 +1,92 @@
+"""launch.process with plain Python stand-ins for agents (no torch): deadline, tree kill, progress."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from pytest_gpucluster.launch import process
+from pytest_gpucluster.launch.process import LaunchSpec, find_job_pids, run_commands
+
+# An "agent" that starts a grandchild in a session of its own (as torchrun does with its
+# workers), reports progress, then sleeps: killing its process group alone would miss the child.
+AGENT = """
+import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+with open(sys.argv[1], "a") as f:
+    f.write("step 1/3\\nstep 2/3\\n")
+time.sleep(120)
+"""
+
+
+@dataclass(frozen=True)
+class Cmd:
+    host: str
+    argv: tuple[str, ...]
+    env: dict = field(default_factory=dict)
+
+
+def spec(tmp_path, **kw):
+    base = dict(job_id=f"t-{uuid.uuid4().hex[:8]}", job_dir=tmp_path, world_size=1, timeout_s=2.0)
+    base.update(kw)
+    return LaunchSpec(**base)
+
+
+def test_timeout_kills_the_whole_tree_and_streams_progress(tmp_path):
+    job = spec(tmp_path)
+    lines: list[str] = []
+    start = time.monotonic()
+    outcome = run_commands(
+        job,
+        [Cmd("localhost", (sys.executable, "-c", AGENT, str(tmp_path / "progress.log")))],
+        progress=lines.append,
+    )
+    assert outcome.timed_out and time.monotonic() - start < 12
+    assert outcome.survivors == () and find_job_pids(job.job_id) == []
+    assert outcome.agent_exit_codes[0] is not None and outcome.agent_exit_codes[0] < 0
+    assert lines == ["step 1/3", "step 2/3"]
+    assert (tmp_path / "agent-localhost.log").is_file()
+
+
+def test_a_dead_agent_stops_the_others_after_the_grace(tmp_path):
+    job = spec(tmp_path, timeout_s=60.0, failure_grace_s=0.5)
+    commands = [
+        Cmd("a", (sys.executable, "-c", "import time; time.sleep(120)")),
+        Cmd("b", (sys.executable, "-c", "import sys; print('cannot reach b'); sys.exit(255)")),
+    ]
+    start = time.monotonic()
+    outcome = run_commands(job, commands)
+    assert time.monotonic() - start < 15
+    assert not outcome.timed_out and outcome.abort_reason.startswith("the agent on b exited with code 255")
+    assert outcome.agent_exit_codes[1] == 255
+    assert "cannot reach b" in (tmp_path / "agent-b.log").read_text()
+    assert find_job_pids(job.job_id) == []
+
+
+def test_an_unstartable_command_is_reported_not_raised(tmp_path):
+    job = spec(tmp_path)
+    outcome = run_commands(job, [Cmd("x", ("/nonexistent/agent",))])
+    assert outcome.start_error and "could not start the agent for x" in outcome.start_error
+
+
+def test_the_remote_reaper_kills_by_job_id(tmp_path):
+    job_id = f"t-{uuid.uuid4().hex[:8]}"
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"],
+        env={"GPUCLUSTER_JOB_ID": job_id},
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not find_job_pids(job_id) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert find_job_pids(job_id) == [child.pid]
+        assert process.main(["--reap", job_id]) == 0
+        assert child.wait(timeout=10) < 0
+    finally:
+        child.kill()
+        child.wait()
+    assert process.main(["--bogus"]) == 2
