@@ -1,0 +1,428 @@
+"""Does an NCCL log show the fabric a profile promises? Compare parsed logs with the ``nccl:`` section.
+
+Pure: texts, an :class:`~pytest_gpucluster.parsers.nccl_log.NcclLog` and a
+:class:`~pytest_gpucluster.profiles.schema.NcclSection` in, :class:`Finding` values out; no I/O, no
+pytest, no torch. ``acceptance/test_nccl.py`` reads the files (``--nccl-log`` or a launched probe's
+per-rank logs), calls :func:`read_logs`, then :func:`check_expectation` per expectation and
+:func:`check_agreement`, and asserts each finding through ``results.check``.
+
+Every finding carries its evidence: the log line that contradicts (or confirms) the expectation,
+as ``file:line: text``, or the sentence saying which line was looked for and not found -- what an
+engineer otherwise does by hand in the rank-0 log.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+
+from pytest_gpucluster.errors import ParseError, ProfileError
+from pytest_gpucluster.parsers.nccl_log import (
+    Evidence,
+    Fact,
+    NcclLog,
+    RankFacts,
+    disagreements,
+    parse_nccl_log,
+)
+from pytest_gpucluster.profiles.schema import NcclSection
+
+__all__ = [
+    "EXPECTATIONS",
+    "Finding",
+    "LogSet",
+    "check_agreement",
+    "check_expectation",
+    "check_profile",
+    "expectations_of",
+    "read_logs",
+    "version_at_least",
+    "version_tuple",
+]
+
+EXPECTATIONS = ("min_version", "network", "net_plugin", "provider", "gdr", "nvls")
+"""The keys of a profile's ``nccl:`` section, in the order they are checked."""
+
+_METRICS = {
+    "min_version": "nccl.version",
+    "net_plugin.min_version": "nccl.net_plugin_version",
+}
+
+_LOOKED_FOR = {
+    "min_version": "'NCCL version <x.y.z>'",
+    "network": "'Using network <name>' (or a channel line '... via NET/<name>/...')",
+    "net_plugin": (
+        "'NET/Plugin: Loaded net plugin <name>', 'Successfully loaded external plugin <lib>' "
+        "or 'NET/OFI Initializing aws-ofi-nccl <version>'"
+    ),
+    "net_plugin.min_version": "'NET/OFI Initializing aws-ofi-nccl <version>'",
+    "provider": "'NET/OFI Selected provider is <name>'",
+    "gdr": (
+        "a channel line '... via NET/<name>/<dev>/GDRDMA', 'GPU Direct RDMA Enabled|Disabled' or 'GDR 0|1'"
+    ),
+    "nvls": "'NVLS multicast support is (not) available' or '<n> nvls channels'",
+}
+
+_NEXT = {
+    "min_version": "upgrade NCCL (or the PyTorch wheel that bundles it) on every node",
+    "network": (
+        "check that the RDMA stack (libibverbs, or the net plugin and libfabric on EFA) is installed on "
+        "every node and that NCCL_NET, NCCL_IB_DISABLE or NCCL_IB_HCA do not steer NCCL elsewhere"
+    ),
+    "net_plugin": (
+        "check NCCL_NET_PLUGIN and that the plugin's libnccl-net*.so is on LD_LIBRARY_PATH on every node"
+    ),
+    "net_plugin.none": (
+        "the profile expects NCCL's built-in transport: unset NCCL_NET_PLUGIN or take libnccl-net*.so "
+        "off LD_LIBRARY_PATH"
+    ),
+    "net_plugin.min_version": "install a newer net plugin on every node",
+    "provider": "check FI_PROVIDER and the fabric with 'fi_info -p <provider>'",
+    "gdr": (
+        "check the nvidia-peermem module (or dma-buf support), NCCL_NET_GDR_LEVEL and, on EFA, "
+        "FI_EFA_USE_DEVICE_RDMA=1"
+    ),
+    "nvls": "NVLS needs NVSwitch systems with the fabric manager running, NCCL >= 2.17 and NCCL_NVLS_ENABLE",
+    "agreement": (
+        "every node must run the same NCCL, plugin and network: compare the odd node's image, "
+        "LD_LIBRARY_PATH and NCCL_* environment with the others"
+    ),
+}
+
+_MAX_QUOTE = 300
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One expectation checked against the log.
+
+    ``evidence`` quotes the line the verdict rests on (``file:line: text``) or says which line was
+    looked for and not found; ``found`` is None when the log does not say.
+    """
+
+    expectation: str  # "network", "net_plugin", "net_plugin.min_version", ..., "agreement.network"
+    expected: str
+    found: str | None
+    evidence: str
+    ok: bool
+    hint: str = ""  # what to look at next when it fails
+    quoted: bool = True  # evidence is a log line (False: it says what was looked for)
+
+    @property
+    def metric(self) -> str:
+        """The results.json metric: ``nccl.network``, ``nccl.version``, ``nccl.agreement.network``..."""
+        return _METRICS.get(self.expectation, f"nccl.{self.expectation}")
+
+    @property
+    def because(self) -> str:
+        """The evidence as a clause: "the log says <file:line: text>" or "looked for ... and found no such line"."""
+        return f"the log says {self.evidence}" if self.quoted else self.evidence
+
+    @property
+    def message(self) -> str:
+        found = "nothing" if self.found is None else self.found
+        verdict = "as expected" if self.ok else f"expected {self.expected}"
+        text = f"nccl {self.expectation}: found {found}, {verdict}; {self.because}"
+        return f"{text}. Next: {self.hint}" if self.hint and not self.ok else text
+
+
+# --- several files as one log -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LogSet:
+    """One or more log files read as one job: the facts they agree on, and what each rank said.
+
+    ``log`` is all files parsed as one text (the consensus, with line numbers in that joined text,
+    which :meth:`quote` maps back to ``file:line``). ``sources`` are what the agreement check
+    compares: every rank named by a ``host:pid:tid [dev]`` prefix, plus, for a file with no such
+    prefix at all (a stripped per-node log), the file itself. Line numbers in ``sources`` are the
+    file's own.
+    """
+
+    log: NcclLog
+    sources: tuple[tuple[str, RankFacts], ...]
+    starts: tuple[int, ...]  # first line of each file in the joined text, 1-based
+    names: tuple[str, ...]
+
+    def where(self, ev: Evidence) -> str:
+        """``file:line`` for a line of the joined text."""
+        i = bisect.bisect_right(self.starts, ev.line_no) - 1
+        return f"{self.names[i]}:{ev.line_no - self.starts[i] + 1}"
+
+    def quote(self, ev: Evidence) -> str:
+        return f"{self.where(ev)}: {_clip(ev.text)}"
+
+
+def _clip(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= _MAX_QUOTE else text[: _MAX_QUOTE - 3] + "..."
+
+
+def _complete_lines(text: str) -> str:
+    """The text up to its last line end: a last line without one was cut mid-write (as the parser rules)."""
+    if text.endswith(("\n", "\r")) or "\n" not in text:
+        return text if text.endswith(("\n", "\r")) else text + "\n"
+    return text[: text.rindex("\n") + 1]
+
+
+def read_logs(named: Sequence[tuple[str, str]]) -> LogSet:
+    """Parse ``(name, text)`` pairs as the logs of one job; ParseError names a file with no NCCL line."""
+    if not named:
+        raise ParseError("no NCCL log to read: give at least one file")
+    sources: list[tuple[str, RankFacts]] = []
+    parts: list[str] = []
+    starts: list[int] = []
+    line = 1
+    for index, (name, text) in enumerate(named):
+        try:
+            own = parse_nccl_log(text)
+        except ParseError as exc:
+            raise ParseError(f"{name}: {exc}") from None
+        if own.per_rank:
+            sources.extend((name, rank) for rank in own.per_rank)
+        elif own.unattributed is not None:
+            sources.append((name, _renamed(own.unattributed, name)))
+        last = index == len(named) - 1
+        part = text if last else _complete_lines(text)
+        starts.append(line)
+        parts.append(part)
+        line += len(part.splitlines())
+    log = parse_nccl_log("".join(parts)) if len(named) > 1 else own
+    return LogSet(log, tuple(sources), tuple(starts), tuple(name for name, _ in named))
+
+
+def _renamed(rank: RankFacts, name: str) -> RankFacts:
+    values = {f.name: getattr(rank, f.name) for f in fields(rank)}
+    values["key"] = name
+    return RankFacts(**values)
+
+
+# --- versions -----------------------------------------------------------------------------------------
+
+_NUMBERS = re.compile(r"\d+(?:\.\d+)*")
+
+
+def version_tuple(text: str) -> tuple[int, ...] | None:
+    """``"2.27.3+cuda12.9"`` -> ``(2, 27, 3)``; ``"v1.16.2-aws"`` -> ``(1, 16, 2)``; None without digits."""
+    m = _NUMBERS.search(text)
+    return tuple(int(p) for p in m.group(0).split(".")) if m else None
+
+
+def version_at_least(found: str, minimum: str) -> bool:
+    """Whether ``found`` is at least ``minimum``, comparing the leading dotted numbers (missing parts = 0).
+
+    ``"2.27.3+cuda12.9" >= "2.21"``; ``"2.21" >= "2.21.0"``. Raises ValueError when either has no digits.
+    """
+    have, want = version_tuple(found), version_tuple(minimum)
+    if have is None or want is None:
+        raise ValueError(f"cannot compare versions {found!r} and {minimum!r}: no x.y.z number in one of them")
+    width = max(len(have), len(want))
+    return have + (0,) * (width - len(have)) >= want + (0,) * (width - len(want))
+
+
+# --- expectations -------------------------------------------------------------------------------------
+
+Quote = Callable[[Evidence], str]
+
+
+def _default_quote(ev: Evidence) -> str:
+    return f"line {ev.line_no}: {_clip(ev.text)}"
+
+
+def expectations_of(section: NcclSection | None) -> tuple[str, ...]:
+    """The expectations a profile sets, in :data:`EXPECTATIONS` order.
+
+    ``net_plugin: null`` written in the profile is an expectation (no plugin may load); an absent
+    ``net_plugin`` is not -- pydantic's ``model_fields_set`` tells the two apart.
+    """
+    if section is None:
+        return ()
+    return tuple(
+        name
+        for name in EXPECTATIONS
+        if getattr(section, name) is not None or (name == "net_plugin" and name in section.model_fields_set)
+    )
+
+
+def check_profile(log: NcclLog, section: NcclSection, quote: Quote = _default_quote) -> list[Finding]:
+    """Every expectation the section sets, checked against the log."""
+    return [f for name in expectations_of(section) for f in check_expectation(log, section, name, quote)]
+
+
+def check_expectation(
+    log: NcclLog, section: NcclSection, name: str, quote: Quote = _default_quote
+) -> list[Finding]:
+    """The findings for one key of the ``nccl:`` section (two for a plugin with a ``min_version``)."""
+    if name not in EXPECTATIONS:
+        raise ValueError(f"unknown NCCL expectation {name!r}; known: {', '.join(EXPECTATIONS)}")
+    if name == "min_version":
+        return [_check_version(log.nccl_version, section.min_version or "", "min_version", quote)]
+    if name == "network":
+        return [_check_network(log, section.network or "", quote)]
+    if name == "net_plugin":
+        return _check_plugin(log, section, quote)
+    if name == "provider":
+        return [_check_equal(log.provider, section.provider or "", "provider", quote)]
+    return [_check_flag(getattr(log, name), getattr(section, name), name, quote)]
+
+
+def _missing(name: str, expected: str, extra: str = "") -> Finding:
+    looked = f"looked for {_LOOKED_FOR[name]} and found no such line{extra}"
+    return Finding(name, expected, None, looked, False, _NEXT.get(name, ""), quoted=False)
+
+
+def _check_version(fact: Fact | None, minimum: str, name: str, quote: Quote) -> Finding:
+    expected = f"at least {minimum}"
+    if version_tuple(minimum) is None:
+        raise ProfileError(f"nccl.{name} {minimum!r} in the profile is not a version such as '2.21'")
+    if fact is None:
+        return _missing(name, expected)
+    found = str(fact.value)
+    try:
+        ok = version_at_least(found, minimum)
+    except ValueError:
+        ok = False
+    return Finding(name, expected, found, quote(fact.evidence), ok, _NEXT[name])
+
+
+def _network_key(name: str) -> str:
+    """Names NCCL printed for the same network over the years compare equal.
+
+    aws-ofi-nccl called its network "AWS Libfabric" before 1.7 and "Libfabric" since; NCCL's HPC-X
+    plugin appends its API version ("IBext_v8"). "IB" stays apart from "IBext": one is NCCL's own
+    transport, the other a plugin, and a profile that says which it wants means it.
+    """
+    key = re.sub(r"_v\d+$", "", name.strip()).casefold()
+    return key.removeprefix("aws ")
+
+
+_BUILT_IN_NETWORKS = frozenset({"ib", "socket"})
+"""Networks NCCL has without a plugin; any other name in 'Using network X' comes from one."""
+
+
+def _note(fact: Fact) -> str:
+    return f" ({fact.note})" if fact.note else ""
+
+
+def _check_network(log: NcclLog, expected: str, quote: Quote) -> Finding:
+    fact = log.network
+    if fact is None:
+        return _missing("network", expected)
+    found = str(fact.value)
+    ok = _network_key(found) == _network_key(expected)
+    return Finding("network", expected, found, quote(fact.evidence) + _note(fact), ok, _NEXT["network"])
+
+
+def _check_equal(fact: Fact | None, expected: str, name: str, quote: Quote) -> Finding:
+    if fact is None:
+        return _missing(name, expected)
+    found = str(fact.value)
+    ok = found.casefold() == expected.casefold()
+    return Finding(name, expected, found, quote(fact.evidence) + _note(fact), ok, _NEXT[name])
+
+
+def _yes_no(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+def _check_flag(fact: Fact | None, expected: bool, name: str, quote: Quote) -> Finding:
+    if fact is None:
+        return _missing(name, _yes_no(expected))
+    ok = bool(fact.value) == expected
+    return Finding(
+        name,
+        _yes_no(expected),
+        _yes_no(bool(fact.value)),
+        quote(fact.evidence) + _note(fact),
+        ok,
+        _NEXT[name],
+    )
+
+
+def _plugin_text(fact: Fact) -> str:
+    plugin = fact.value
+    return f"{plugin.name} {plugin.version}" if plugin.version else plugin.name
+
+
+def _check_plugin(log: NcclLog, section: NcclSection, quote: Quote) -> list[Finding]:
+    want = section.net_plugin
+    fact = log.net_plugin
+    if want is None:  # written as null: NCCL's built-in transport only
+        if fact is not None:
+            return [
+                Finding(
+                    "net_plugin",
+                    "none",
+                    _plugin_text(fact),
+                    quote(fact.evidence),
+                    False,
+                    _NEXT["net_plugin.none"],
+                )
+            ]
+        net = log.network
+        if net is not None and _network_key(str(net.value)) not in _BUILT_IN_NETWORKS:
+            # The plugin's own load line is missing (a cut log), but only a plugin provides this network.
+            found = f"a plugin providing network {net.value}"
+            return [
+                Finding("net_plugin", "none", found, quote(net.evidence), False, _NEXT["net_plugin.none"])
+            ]
+        said = log.net_plugin_error
+        if said is not None:
+            return [Finding("net_plugin", "none", "none", quote(said.evidence), True)]
+        return [
+            Finding(
+                "net_plugin", "none", "none", "no line says an external net plugin loaded", True, quoted=False
+            )
+        ]
+    if fact is None:
+        failed = log.net_plugin_error
+        if failed is not None:
+            return [
+                Finding("net_plugin", want.name, "none", quote(failed.evidence), False, _NEXT["net_plugin"])
+            ]
+        return [_missing("net_plugin", want.name)]
+    plugin = fact.value
+    ok = plugin.name.casefold() == want.name.casefold()
+    found = [
+        Finding("net_plugin", want.name, _plugin_text(fact), quote(fact.evidence), ok, _NEXT["net_plugin"])
+    ]
+    if ok and want.min_version:
+        version = Fact(plugin.version, fact.evidence) if plugin.version else None
+        found.append(_check_version(version, want.min_version, "net_plugin.min_version", quote))
+    return found
+
+
+# --- every rank the same ------------------------------------------------------------------------------
+
+
+def check_agreement(logs: LogSet) -> list[Finding]:
+    """A finding per fact on which ranks (or per-node files) differ, naming each odd rank and its line.
+
+    Besides the facts :func:`~pytest_gpucluster.parsers.nccl_log.disagreements` compares, a rank that
+    says its plugin failed to load while others loaded one is named: a plugin on only some nodes is
+    a known cause of hangs and silent slowness.
+    """
+    file_of = {id(rank): name for name, rank in logs.sources}
+    ranks = tuple(rank for _, rank in logs.sources)
+
+    def cite(rank: RankFacts, fact: Fact) -> str:
+        return f"{file_of[id(rank)]}:{fact.evidence.line_no}: {_clip(fact.evidence.text)}"
+
+    findings = []
+    for d in disagreements(NcclLog(per_rank=ranks)):
+        found = "; ".join(f"{r.label} says {f.value!r}" for r, f in d.odd)
+        evidence = " | ".join(cite(r, f) for r, f in d.odd[:3])
+        expected = f"{d.majority!r} on every rank ({d.majority_count} say so)"
+        findings.append(Finding(f"agreement.{d.fact}", expected, found, evidence, False, _NEXT["agreement"]))
+    loaded = [r for r in ranks if r.net_plugin is not None]
+    failed = [r for r in ranks if r.net_plugin is None and r.net_plugin_error is not None]
+    if loaded and failed:
+        names = sorted({_plugin_text(r.net_plugin) for r in loaded if r.net_plugin})
+        found = "; ".join(f"{r.label} loaded no plugin" for r in failed)
+        evidence = " | ".join(cite(r, r.net_plugin_error) for r in failed[:3] if r.net_plugin_error)
+        expected = f"{' or '.join(names)} loaded on every rank ({len(loaded)} loaded it)"
+        findings.append(Finding("agreement.net_plugin", expected, found, evidence, False, _NEXT["agreement"]))
+    return findings

@@ -1,0 +1,211 @@
+"""acceptance/test_nccl.py run whole (pytester): recorded logs pass or fail by profile, the launched
+variant skips without NCCL and, with a stand-in cluster, reads every rank's log; nccl_env warns on typos."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pytest_gpucluster.profiles.detect import MachineInfo
+
+REPO = Path(__file__).resolve().parents[2]
+ACCEPTANCE = REPO / "acceptance" / "test_nccl.py"
+LOGS = REPO / "tests" / "data" / "nccl_logs"
+EFA = LOGS / "efa_libfabric_aws_ofi_2.27.3.log"  # seed 003's rank-0 block
+SOCKET_NO_PLUGIN = LOGS / "plugin_missing_socket_2.21.5_nccl1653.log"
+SEED = REPO.parent / "shared" / "seeds" / "003_3b852299fd233ee4.txt"
+
+NO_GPU = MachineInfo(
+    hostname="testhost",
+    cuda_available=False,
+    reasons={
+        "cuda": "no CUDA device on testhost (no nvidia-smi, no /dev/nvidia*)",
+        "nccl": "no CUDA device on testhost (no nvidia-smi, no /dev/nvidia*)",
+    },
+)
+# What the gpucluster(needs=["nccl"]) marker looks at; cuda_available stays False so that the session's
+# fingerprint does not import torch to read CUDA and NCCL versions.
+NCCL_NODE = MachineInfo(
+    hostname="testhost",
+    cuda_available=False,
+    gpu_names=("NVIDIA L40S",) * 4,
+    capabilities=frozenset({"cuda", "nccl"}),
+)
+
+# Stands in for the cluster: "runs" the probe by copying real logs where the ranks would write theirs.
+FAKE_CLUSTER = """
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+RANK_LOGS = {rank_logs!r}
+
+
+class FakeJob:
+    def __init__(self, job_dir, values):
+        self.job_dir = job_dir
+        self.values = values
+
+
+class FakeCluster:
+    def run(self, workload, **kwargs):
+        job_dir = Path("jobs") / "nccl-probe-1"
+        job_dir.mkdir(parents=True)
+        (job_dir / "call.json").write_text(json.dumps({{"workload": workload, **kwargs}}, default=str))
+        values = []
+        for rank, source in enumerate(RANK_LOGS):
+            log = job_dir / f"nccl-rank-{{rank}}.log"
+            shutil.copyfile(source, log)
+            values.append({{"host": f"node{{rank}}", "nccl_log": str(log.resolve())}})
+        return FakeJob(job_dir.resolve(), values)
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    return FakeCluster()
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _import_once() -> None:
+    """pytester's in-process runs drop the modules first imported inside them, so every run would import
+    matplotlib (the report's plots) and hypothesis (its pytest plugin's summary) again, seconds each."""
+    for name in ("matplotlib.figure", "matplotlib.ticker", "matplotlib.backends.backend_agg", "hypothesis"):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+
+
+@pytest.fixture
+def run(pytester, tmp_path, monkeypatch):
+    monkeypatch.delenv("GPUCLUSTER_HW", raising=False)
+    monkeypatch.delenv("_GPUCLUSTER_SESSION_RESULTS_DIR", raising=False)
+    monkeypatch.setattr("pytest_gpucluster.session.detect_machine", lambda: NO_GPU)
+    pytester.makepyfile(test_nccl=ACCEPTANCE.read_text(encoding="utf-8"))
+
+    def _run(*args: str):
+        return pytester.runpytest_inprocess(
+            "-rs", "-p", "no:cacheprovider", f"--results-dir={tmp_path / 'res'}", *args
+        )
+
+    return _run
+
+
+def measurements(tmp_path: Path) -> dict[str, dict]:
+    data = json.loads((tmp_path / "res" / "results.json").read_text())
+    return {m["metric"]: m for m in data["measurements"]}
+
+
+def test_seed_log_passes_for_the_efa_profile(run, tmp_path):
+    result = run("--hw=aws-g6e-efa", f"--nccl-log={EFA}")
+    result.assert_outcomes(passed=6)
+    got = measurements(tmp_path)
+    assert sorted(got) == [
+        "nccl.gdr",
+        "nccl.net_plugin",
+        "nccl.net_plugin_version",
+        "nccl.network",
+        "nccl.provider",
+        "nccl.ranks_agree",
+        "nccl.version",
+    ]
+    assert {m["verdict"] for m in got.values()} == {"pass"}
+    assert got["nccl.network"]["labels"] == {"expected": "Libfabric", "found": "Libfabric"}
+    assert got["nccl.net_plugin"]["labels"]["found"] == "aws-ofi-nccl 1.16.2"
+    assert got["nccl.ranks_agree"]["labels"] == {"ranks": 4, "differ_on": "nothing"}
+
+
+def test_same_log_fails_spectrum_x_quoting_network_and_plugin_lines(run, tmp_path):
+    result = run("--hw=h200-spectrumx", f"--nccl-log={EFA}", "--tb=line")
+    result.assert_outcomes(passed=2, failed=3)
+    result.stdout.fnmatch_lines(
+        [
+            "*nccl.network (expected=IB, found=Libfabric): *The log says *efa_libfabric_aws_ofi_2.27.3.log:81: "
+            "llama-3-8b-node-0-0:194:724 [[]3] NCCL INFO Using network Libfabric*",
+            "*nccl.net_plugin (expected=none, found=aws-ofi-nccl 1.16.2): *The log says "
+            "*:24: * NCCL INFO NET/OFI Initializing aws-ofi-nccl 1.16.2*NCCL_NET_PLUGIN*",
+            "*nccl.gdr (expected=on, found=off): *disabling GDR*",
+        ]
+    )
+    got = measurements(tmp_path)
+    failed = sorted(name for name, m in got.items() if m["verdict"] == "fail")
+    assert failed == ["nccl.gdr", "nccl.net_plugin", "nccl.network"]
+    data = json.loads((tmp_path / "res" / "results.json").read_text())
+    assert {o["category"] for o in data["outcomes"] if o["outcome"] == "failed"} == {"performance"}
+
+
+@pytest.mark.skipif(not SEED.is_file(), reason=f"the seed file {SEED} is not beside this checkout")
+def test_the_seed_file_itself_with_its_prose_around_the_log(run):
+    run("--hw=aws-g6e-efa", f"--nccl-log={SEED}").assert_outcomes(passed=6)
+    run("--hw=h200-spectrumx", f"--nccl-log={SEED}").assert_outcomes(passed=2, failed=3)
+
+
+def test_without_nccl_and_without_a_log_the_launched_variant_skips_naming_what_is_missing(run):
+    result = run("--hw=aws-g6e-efa")
+    result.assert_outcomes(skipped=6)
+    result.stdout.fnmatch_lines(
+        ["SKIPPED [[]6] *needs nccl: no CUDA device on testhost (no nvidia-smi, no /dev/nvidia*)"]
+    )
+
+
+def test_several_files_by_glob_name_the_rank_without_the_plugin(run, tmp_path):
+    job = tmp_path / "job-logs"
+    job.mkdir()
+    shutil.copyfile(EFA, job / "node0.log")
+    shutil.copyfile(SOCKET_NO_PLUGIN, job / "node1.log")
+    result = run("--hw=aws-g6e-efa", f"--nccl-log={job}/*.log", "--tb=line")
+    result.assert_outcomes(passed=5, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*nccl.ranks_agree (ranks=5, differ_on=*agreement.network*agreement.net_plugin*"
+            "rank 0 (DESKTOP-1CE5APL:2852[[]0]) says 'Socket'*node1.log:9: *Using network Socket*"
+            "rank 0 (DESKTOP-1CE5APL:2852[[]0]) loaded no plugin*node1.log:1: *Plugin load returned 2*"
+        ]
+    )
+
+
+def test_a_log_path_that_matches_nothing_fails_naming_it(run, tmp_path):
+    result = run("--hw=aws-g6e-efa", f"--nccl-log={tmp_path}/missing.log")
+    result.assert_outcomes(errors=6)
+    result.stdout.fnmatch_lines([f"*--nccl-log {tmp_path}/missing.log: no such file*"])
+
+
+def test_a_profile_without_an_nccl_section_skips_the_expectations(run):
+    result = run("--hw=cpu-local", f"--nccl-log={EFA}")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(
+        ["SKIPPED*profile cpu-local has no nccl: section, so there is nothing to compare the NCCL log with"]
+    )
+
+
+def test_launched_variant_reads_every_rank_log_and_warns_on_nccl_env_typos(
+    run, pytester, tmp_path, monkeypatch
+):
+    monkeypatch.setattr("pytest_gpucluster.session.detect_machine", lambda: NCCL_NODE)
+    monkeypatch.setenv("NCCL_IB_HCAS", "mlx5_0")
+    pytester.makeconftest(FAKE_CLUSTER.format(rank_logs=[str(EFA), str(EFA)]))
+    result = run("--hw=aws-g6e-efa", "-W", "always::pytest_gpucluster.errors.GpuClusterWarning")
+    result.assert_outcomes(passed=6)
+    result.stdout.fnmatch_lines(
+        [
+            "*GpuClusterWarning: NCCL_IB_HCAS is not an NCCL environment variable, so NCCL ignores it; "
+            "did you mean NCCL_IB_HCA? (set in the environment)"
+        ]
+    )
+    call = json.loads((pytester.path / "jobs" / "nccl-probe-1" / "call.json").read_text())
+    assert call["workload"] == "pytest_gpucluster.workloads.nccl_probe:probe"
+    assert call["init_process_group"] is False
+    assert call["nodes"] == 1
+    assert call["env"]["NCCL_DEBUG"] == "INFO"
+    assert call["env"]["NCCL_DEBUG_SUBSYS"] == "INIT,NET,ENV"
+    assert call["env"]["NCCL_IB_HCAS"] == "mlx5_0"
+    data = json.loads((tmp_path / "res" / "results.json").read_text())
+    assert data["nccl_env"]["NCCL_IB_HCAS"] == "mlx5_0"
+    got = measurements(tmp_path)
+    assert got["nccl.network"]["verdict"] == "pass"
