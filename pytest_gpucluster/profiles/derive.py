@@ -35,7 +35,7 @@ import yaml
 from pytest_gpucluster.errors import ProfileError
 from pytest_gpucluster.profiles.loader import LoadedProfile, find_profile, load_profile
 from pytest_gpucluster.profiles.quantities import parse_fraction
-from pytest_gpucluster.profiles.schema import CollectiveCheck, ScalingStep, SftCase
+from pytest_gpucluster.profiles.schema import CollectiveCheck, ProfileModel, ScalingStep, SftCase
 from pytest_gpucluster.results.model import Measurement
 
 __all__ = ["RULES", "DerivedProfile", "MetricRule", "SourceRun", "derive_profile", "parse_margin", "read_run"]
@@ -96,12 +96,58 @@ RULES: tuple[MetricRule, ...] = (
 """Metric family -> profile key. A measurement no rule matches is listed in the file's comments."""
 
 
-def rule_for(metric: str) -> tuple[MetricRule, dict[str, str]] | None:
+_SOURCE_KEY = re.compile(r"profile [^:]+: (?P<key>[a-z_]+(?:\.[a-z_]+|\[\d+\])*)")
+_KEY_PATH = re.compile(
+    r"(?P<section>[a-z_]+)(?:\.checks|\.cases|\.steps)?(?:\[(?P<index>\d+)\])?\.(?P<key>[a-z_]+)"
+)
+
+
+def rule_for(
+    metric: str, source: str | None = None, model: ProfileModel | None = None
+) -> tuple[MetricRule, dict[str, str]] | None:
+    """The rule for a measurement, and the entry it names (``collective``, ``case``, ``check``, ``step``).
+
+    A ``source`` written as ``"profile NAME: collectives.checks[0].min_busbw"`` (the key the test
+    gated against) wins: it names the exact key whatever the metric is called. Otherwise the
+    metric name is matched against :data:`RULES`.
+    """
+    if source and model is not None:
+        found = _rule_from_source(metric, source, model)
+        if found is not None:
+            return found
     for rule in RULES:
         match = re.fullmatch(rule.pattern, metric)
         if match:
             return rule, {k: v for k, v in match.groupdict().items() if v is not None}
     return None
+
+
+def _rule_from_source(
+    metric: str, source: str, model: ProfileModel
+) -> tuple[MetricRule, dict[str, str]] | None:
+    match = _SOURCE_KEY.search(source)
+    path = _KEY_PATH.fullmatch(match.group("key")) if match else None
+    if path is None:
+        return None
+    section, key, index = path.group("section"), path.group("key"), path.group("index")
+    groups: dict[str, str] = {}
+    if section == "collectives" and index is not None and int(index) < len(model.collectives.checks):
+        target: Target = "collective"
+        groups = {"collective": model.collectives.checks[int(index)].collective, "check": index}
+    elif section == "sft" and index is not None and int(index) < len(model.sft.cases):
+        target, groups = "sft", {"case": model.sft.cases[int(index)].name}
+    elif (
+        section == "scaling" and index is not None and model.scaling and int(index) < len(model.scaling.steps)
+    ):
+        target, groups = "scaling", {"step": index}
+    elif section == "nvlink" and index is None:
+        target = "nvlink"
+    else:
+        return None
+    rule = next((r for r in RULES if (r.target, r.key) == (target, key)), None)
+    if rule is None:
+        return None
+    return MetricRule(re.escape(metric), target, key, rule.kind, rule.cap), groups
 
 
 # --------------------------------------------------------------------------------------------
@@ -304,7 +350,7 @@ def _describe(m: Measurement) -> str:
     return f"{m.metric}{scope}{f' ({labels})' if labels else ''}"
 
 
-def _collect(runs: Sequence[SourceRun]) -> tuple[list[_Point], list[str]]:
+def _collect(runs: Sequence[SourceRun], model: ProfileModel) -> tuple[list[_Point], list[str]]:
     """Group gated measurements by identity across runs; list what maps to no profile key."""
     unmapped: dict[str, str] = {}
     grouped: dict[str, list[tuple[int, Measurement]]] = defaultdict(list)
@@ -314,13 +360,15 @@ def _collect(runs: Sequence[SourceRun]) -> tuple[list[_Point], list[str]]:
                 continue
             if m.metric.startswith("inventory."):
                 unmapped.setdefault(
-                    _describe(m), "an inventory check: the cluster section is inherited through extends"
+                    m.metric, "an inventory check: the cluster section is inherited through extends"
                 )
                 continue
             if m.comparison == "==":
-                unmapped.setdefault(_describe(m), "an equality check: no margin applies; not derived")
+                unmapped.setdefault(
+                    m.metric, "an equality check: no margin applies, the parent's expectation stays"
+                )
                 continue
-            found = rule_for(m.metric)
+            found = rule_for(m.metric, m.source, model)
             if found is None:
                 unmapped.setdefault(
                     _describe(m), f"no profile key for this metric (value {_num(m.value)} {m.unit})"
@@ -339,14 +387,15 @@ def _collect(runs: Sequence[SourceRun]) -> tuple[list[_Point], list[str]]:
     points = []
     for items in grouped.values():
         sample = items[0][1]
-        rule, groups = rule_for(sample.metric)  # type: ignore[misc]
+        rule, groups = rule_for(sample.metric, sample.source, model)  # type: ignore[misc]
         per_run: dict[int, list[float]] = defaultdict(list)
         for index, m in items:
             per_run[index].append(m.value)
         values = tuple(statistics.median(v) for _, v in sorted(per_run.items()))
         failed = any(m.verdict == "fail" for _, m in items)
         points.append(_Point(rule, groups, sample, values, failed))
-    points.sort(key=lambda p: (RULES.index(p.rule), p.sample.key))
+    order = {(r.target, r.key): i for i, r in reversed(list(enumerate(RULES)))}
+    points.sort(key=lambda p: (order[p.rule.target, p.rule.key], p.sample.key))
     return points, [f"{name}: {why}" for name, why in sorted(unmapped.items())]
 
 
@@ -423,7 +472,7 @@ def derive_profile(
         if os.sep not in extends:
             extends = f".{os.sep}{extends}"
     model = parent.model
-    points, unmapped = _collect(runs)
+    points, unmapped = _collect(runs, model)
     notes: list[str] = []
 
     checks: dict[tuple[Any, ...], _Entry] = {}
@@ -440,7 +489,10 @@ def derive_profile(
     count = 0
     for point in points:
         m = point.sample
-        if point.rule.target == "collective":
+        if point.rule.target == "collective" and "check" in point.groups:
+            check = model.collectives.checks[int(point.groups["check"])]
+            entry = checks[(check.collective, check.scope, float(check.size))]
+        elif point.rule.target == "collective":
             size = _size_label(m)
             collective = point.groups.get("collective", "")
             scope = _scope(m)
@@ -456,6 +508,9 @@ def derive_profile(
                 unmapped.append(f"{_describe(m)}: sft case {case!r} is not in profile {model.name}")
                 continue
             entry = cases[case]
+        elif point.rule.target == "scaling" and "step" in point.groups and model.scaling is not None:
+            step = model.scaling.steps[int(point.groups["step"])]
+            entry = steps[(step.from_nodes, step.to_nodes)]
         elif point.rule.target == "scaling":
             lo = m.labels.get("from_nodes", m.labels.get("from"))
             hi = m.labels.get("to_nodes", m.labels.get("to"))

@@ -265,6 +265,32 @@ def test_every_rule_maps_to_a_real_profile_key():
     assert rule_for("inventory.nodes") is None
 
 
+def test_a_source_naming_the_gated_key_maps_any_metric_name(tmp_path):
+    # tests that say which profile key they gated against need no row in RULES
+    point = [
+        (
+            "fabric.allreduce_bw",
+            2.0e9,
+            0.3e9,
+            "B/s",
+            {"source": "profile cpu-local: collectives.checks[0].min_busbw", "labels": {"whatever": 1}},
+        ),
+        (
+            "fabric.small_latency",
+            1e-3,
+            3e-3,
+            "s",
+            {"comparison": "<=", "source": "profile cpu-local: collectives.checks[1].max_latency"},
+        ),
+    ]
+    run = _record(tmp_path / "results.json", "cpu-local", point)
+    out = tmp_path / "s.yaml"
+    derive_files([run], name="s", margin_text="20%", from_baseline=False, out=out, echo=lambda _: None)
+    busbw, latency = load_profile(str(out)).model.collectives.checks
+    assert (busbw.size, busbw.min_busbw) == (16 * 2**20, pytest.approx(1.6e9))
+    assert (latency.size, latency.max_latency) == (1024, pytest.approx(1.2e-3))
+
+
 # --------------------------------------------------------------------------------------------
 # The commands
 # --------------------------------------------------------------------------------------------
