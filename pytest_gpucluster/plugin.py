@@ -207,7 +207,9 @@ def _outcome(report: pytest.TestReport) -> TestOutcome:
         category, message = "pass", ""
     else:
         category = getattr(report, "gpucluster_category", None) or _category_from_text(report)
-        message = report.longreprtext.strip().splitlines()[-1] if report.longreprtext else ""
+        crash = getattr(report.longrepr, "reprcrash", None)
+        text = report.longreprtext.strip()
+        message = crash.message if crash is not None else (text.splitlines()[-1] if text else "")
     outcome = report.outcome if report.when == "call" else ("error" if report.failed else report.outcome)
     return TestOutcome(
         test_id=report.nodeid,

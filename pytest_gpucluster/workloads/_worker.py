@@ -22,8 +22,9 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pytest_gpucluster.workloads._runtime import (
     JOB_FILE,
@@ -48,7 +49,7 @@ def resolve_workload(spec: str) -> Callable[[RankContext], Any]:
 
 def _redirect_output(log_path: Path) -> Any:
     """Send this rank's stdout and stderr (Python's and C's) to its own log file."""
-    log = open(log_path, "a", buffering=1, encoding="utf-8", errors="replace")
+    log = open(log_path, "a", buffering=1, encoding="utf-8", errors="replace")  # noqa: SIM115 - lives until os._exit
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(log.fileno(), 1)
@@ -61,6 +62,11 @@ def _pick_device(identity: RankIdentity, backend: str) -> str:
         return "cpu"
     import torch
 
+    if not torch.cuda.is_available():
+        raise WorkloadSkip(
+            f"the nccl backend needs a CUDA device, and {identity.host} has none "
+            f"(torch {torch.__version__}, torch.cuda.is_available() is False)"
+        )
     torch.cuda.set_device(identity.local_rank)
     return f"cuda:{identity.local_rank}"
 
@@ -136,7 +142,7 @@ def run(job_dir: Path) -> int:
         record.update(status="ok", value=value if value is not None else {})
     except WorkloadSkip as skip:
         record.update(status="skipped", reason=str(skip))
-    except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent as data
+    except BaseException as exc:  # every failure must reach the parent as data
         traceback.print_exc()
         record.update(
             status="error",
