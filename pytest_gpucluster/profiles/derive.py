@@ -467,10 +467,20 @@ def derive_profile(
     if not runs:
         raise ProfileError("derive needs at least one results.json")
     parent, extends = _source_profile(runs, extra_dirs)
-    if out is not None and os.sep in extends:
-        extends = os.path.relpath(extends, Path(out).resolve().parent)
+    if out is not None:
+        here = Path(out).resolve().parent
         if os.sep not in extends:
-            extends = f".{os.sep}{extends}"
+            # a name is looked up next to the derived file first: that must not find another file
+            # (or the derived file itself, when --name repeats the parent's name)
+            sibling = here / f"{extends}.yaml"
+            if sibling.resolve() == Path(out).resolve() or (
+                sibling.exists() and sibling.resolve() != parent.path.resolve()
+            ):
+                extends = str(parent.path.resolve())
+        if os.sep in extends:
+            relative = os.path.relpath(extends, here)  # a profile repository moves as a whole
+            if not relative.startswith(".."):
+                extends = relative if os.sep in relative else f".{os.sep}{relative}"
     model = parent.model
     points, unmapped = _collect(runs, model)
     notes: list[str] = []
@@ -648,7 +658,8 @@ def _render(
     if unmapped:
         lines.append("# Measurements not turned into thresholds:")
         lines += [f"#   {u}" for u in unmapped]
-    description = f"{parent.model.description} — thresholds derived from a run of {first.date}"
+    base = parent.model.description.split(" — thresholds derived from")[0]
+    description = f"{base} — thresholds derived from a run of {first.date}"
     lines += [
         "",
         f"name: {_scalar(name)}",

@@ -265,6 +265,17 @@ def test_every_rule_maps_to_a_real_profile_key():
     assert rule_for("inventory.nodes") is None
 
 
+def test_a_derived_profile_may_reuse_its_parents_name(cpu_run, tmp_path):
+    # ./cpu-local.yaml extending "cpu-local" would find itself first: it extends the file by path
+    out = tmp_path / "cpu-local.yaml"
+    derive_files(
+        [cpu_run], name="cpu-local", margin_text="10%", from_baseline=False, out=out, echo=lambda _: None
+    )
+    profile = load_profile(str(out))
+    assert profile.chain[1].resolve() == (shipped_thresholds_dir() / "cpu-local.yaml").resolve()
+    assert profile.model.extends.endswith("cpu-local.yaml") and "/" in profile.model.extends
+
+
 def test_a_source_naming_the_gated_key_maps_any_metric_name(tmp_path):
     # tests that say which profile key they gated against need no row in RULES
     point = [
