@@ -32,7 +32,7 @@ dist.destroy_process_group()
 """
 
 
-def time_plain(script: Path, nproc: int) -> float:
+def time_plain(script: Path, nproc: int, tries: int = 3) -> float:
     argv = [
         sys.executable,
         "-m",
@@ -41,9 +41,17 @@ def time_plain(script: Path, nproc: int) -> float:
         f"--nproc-per-node={nproc}",
         str(script),
     ]
-    start = time.perf_counter()
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - start
+    for attempt in range(1, tries + 1):
+        start = time.perf_counter()
+        done = subprocess.run(argv, capture_output=True, text=True)
+        elapsed = time.perf_counter() - start
+        if done.returncode == 0:
+            return elapsed
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
+        print(
+            f"plain torchrun failed (exit {done.returncode}, try {attempt} of {tries}):\n{tail}", flush=True
+        )
+    raise SystemExit("plain torchrun failed every time; no ratio")
 
 
 def time_cluster(cluster: Cluster, nproc: int) -> float:
