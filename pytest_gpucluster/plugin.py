@@ -68,12 +68,12 @@ def pytest_configure(config: pytest.Config) -> None:
     session.progress = _terminal_writer(config)
     config.pluginmanager.register(_ResultsHooks(session), "gpucluster-results")
     config.pluginmanager.register(_fixtures, "gpucluster-fixtures")
-    try:
-        from pytest_gpucluster import rank_tests
-    except ImportError:  # the rank-test machinery lands with the launcher
-        rank_tests = None  # type: ignore[assignment]
-    if rank_tests is not None:
+    from pytest_gpucluster import rank_tests
+
+    if not config.pluginmanager.is_registered(rank_tests):
         config.pluginmanager.register(rank_tests, "gpucluster-rank-tests")
+    # world_size(n) tests launch through the session's cluster (built on first use).
+    config.stash[rank_tests.CLUSTER_KEY] = lambda: session.cluster
 
 
 def _terminal_writer(config: pytest.Config) -> Any:

@@ -54,7 +54,8 @@ class GpuClusterSession:
             name, reason = hw, f"--hw={hw} from {settings.source('gpucluster_hw')}"
         profile = load_profile(name, extra_dirs)
         results_dir = _results_dir(settings)
-        worker = hasattr(config, "workerinput")
+        # xdist workers and the ranks of a world_size(n) test report to a parent that owns results.json
+        worker = hasattr(config, "workerinput") or os.environ.get("GPUCLUSTER_RANK_SIDE") == "1"
         recorder = Recorder(path=results_dir / "results.json", persist=not worker)
         session = cls(
             settings=settings,
