@@ -17,6 +17,7 @@ physics) before it is written.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -313,6 +314,10 @@ class _Threshold:
     key: str
     text: str
     comment: str
+    value: float
+    """The threshold in canonical units, to pick the most lenient of several points."""
+    floor: bool
+    points: int = 1
 
 
 @dataclass
@@ -422,7 +427,7 @@ def _threshold_for(point: _Point, margin: float, runs: Sequence[SourceRun]) -> t
         parts.append(
             f"missed the run's own threshold {_measured(point.sample.threshold or 0, rule.kind, point.sample.unit)}"
         )
-    return _Threshold(rule.key, text, "; ".join(parts)), (
+    return _Threshold(rule.key, text, "; ".join(parts), raw, rule.floor), (
         f"{_describe(point.sample)} missed its threshold in the source run; derived from it anyway"
         if point.failed
         else None
@@ -531,8 +536,20 @@ def derive_profile(
         else:
             entry = nvlink
         threshold, note = _threshold_for(point, margin, runs)
-        entry.thresholds[threshold.key] = threshold
-        count += 1
+        earlier = entry.thresholds.get(threshold.key)
+        if earlier is None:
+            entry.thresholds[threshold.key] = threshold
+            count += 1
+        else:
+            # several points gated by one key (nvlink.min_speedup at each size): the threshold
+            # must hold at all of them, so the lowest floor / highest ceiling wins
+            lenient = threshold.value < earlier.value if threshold.floor else threshold.value > earlier.value
+            kept = threshold if lenient else earlier
+            entry.thresholds[threshold.key] = dataclasses.replace(
+                kept,
+                points=earlier.points + 1,
+                comment=f"{kept.comment.split(' [')[0]} [the most lenient of {earlier.points + 1} measured points]",
+            )
         if note:
             notes.append(note)
 

@@ -265,6 +265,25 @@ def test_every_rule_maps_to_a_real_profile_key():
     assert rule_for("inventory.nodes") is None
 
 
+def test_one_key_gated_at_several_points_takes_the_most_lenient(tmp_path):
+    # test_nvlink gates nvlink.min_speedup at every size of nvlink.speedup_sizes
+    points = [
+        (
+            "nvlink.speedup",
+            v,
+            1.2,
+            "x",
+            {"labels": {"size_bytes": size}, "source": "profile cpu-local: nvlink.min_speedup"},
+        )
+        for size, v in ((2**20, 3.0), (2**24, 2.5), (2**26, 4.0))
+    ]
+    run = _record(tmp_path / "results.json", "cpu-local", points)
+    out = tmp_path / "n.yaml"
+    derive_files([run], name="n", margin_text="10%", from_baseline=False, out=out, echo=lambda _: None)
+    assert load_profile(str(out)).model.nvlink.min_speedup == pytest.approx(2.25)  # 2.5 x 0.9
+    assert "measured 2.5 x; -10% [the most lenient of 3 measured points]" in out.read_text()
+
+
 def test_a_derived_profile_may_reuse_its_parents_name(cpu_run, tmp_path):
     # ./cpu-local.yaml extending "cpu-local" would find itself first: it extends the file by path
     out = tmp_path / "cpu-local.yaml"
