@@ -48,3 +48,26 @@ def _torchrun(**kwargs: Any) -> Any:
 
 
 register_launcher("torchrun", _torchrun)
+
+
+def _slurm(**kwargs: Any) -> Any:
+    from pytest_gpucluster.launch.slurm import SlurmLauncher
+
+    return SlurmLauncher(**kwargs)
+
+
+def _mpirun(**kwargs: Any) -> Any:
+    from pytest_gpucluster.launch.mpi import MpirunLauncher
+
+    return MpirunLauncher(**kwargs)
+
+
+def _deepspeed(**kwargs: Any) -> Any:
+    from pytest_gpucluster.launch.deepspeed import DeepSpeedLauncher
+
+    return DeepSpeedLauncher(**kwargs)
+
+
+register_launcher("slurm", _slurm)
+register_launcher("mpirun", _mpirun)
+register_launcher("deepspeed", _deepspeed)

@@ -148,7 +148,8 @@ class Cluster:
         target, roots = workload_name(workload)
         hosts = self._hosts(nodes)
         far = [h for h in hosts if not is_local_host(h)]
-        if far and self.remote_exec is None:
+        # srun, mpirun and the DeepSpeed runner reach the nodes themselves.
+        if far and self.remote_exec is None and not getattr(self.launcher, "reaches_hosts", False):
             raise LaunchError(
                 f"a job on {', '.join(hosts)} needs a remote-exec prefix to reach {', '.join(far)} "
                 "(e.g. 'ssh {host}', 'pdsh -w {host}' or 'srun'); none was configured"
@@ -223,6 +224,9 @@ class Cluster:
                 "nproc_per_node": job.nproc_per_node,
             },
         )
+        prepare = getattr(self.launcher, "prepare", None)
+        if prepare is not None:  # files the commands name (hostfiles), written into the job dir
+            prepare(job)
         commands = self.launcher.commands(job)
         reapers = [
             LaunchCommand(
@@ -231,6 +235,9 @@ class Cluster:
             for c in commands
             if c.remote and job.remote is not None and not job.remote.shares_proc
         ]
+        cancel = getattr(self.launcher, "cancel_commands", None)
+        if cancel is not None:  # e.g. scancel: stops the job's processes on every node
+            reapers += cancel(job)
         launch = LaunchSpec(
             job_id=job.job_id,
             job_dir=job.job_dir,

@@ -1,0 +1,260 @@
+"""The Slurm backend: one ``srun`` step per job, and its cancellation through Slurm.
+
+Two modes (``mode=``):
+
+- ``agent`` (default, seed 004's recipe): one task per node, each a torchrun agent that starts
+  the node's ranks; several nodes meet at a c10d rendezvous on the first host.
+- ``tasks``: one task per rank; ranks come from ``SLURM_PROCID`` / ``SLURM_LOCALID`` (see
+  `workloads._runtime.RankIdentity`), ``MASTER_ADDR`` is the first host and ``MASTER_PORT``
+  the job's port. Slurm's block distribution puts task 0 on the first node of the step, which
+  is the first host when the hosts come in Slurm's own order (``SLURM_JOB_NODELIST``).
+
+Inside an allocation (``SLURM_JOB_ID`` set, from salloc or sbatch) srun starts a step of it;
+outside one it allocates a job for the step. Either way the step is named after the job id
+(``--job-name``), so `cancel_by_name` finds it again: the cancel command runs
+``python -m pytest_gpucluster.launch.slurm --cancel JOB_ID``, which looks the job or step up
+in ``squeue`` and runs ``scancel`` on it (after ``scancel --signal=USR1`` in tasks mode, so a
+hung rank on any node writes its stack into its log). ``--time`` is a backstop in case this
+process dies before it can cancel anything.
+
+``--kill-on-bad-exit=1``: one failed task ends the step. ``--immediate``: srun gives up when
+resources are not there instead of pending forever (FEASIBILITY §2: ``srun -n3`` on a 2-CPU
+node pended forever). ``--overcommit`` lets more tasks than CPUs run (CPU test nodes).
+``--export=ALL``: the job's variables reach every task even under ``sbatch --export=NONE``.
+GPUs, partitions and accounts are cluster policy: pass them as ``extra_args``
+(``--slurm-args="--partition=gpu --gpus-per-node=8"``).
+
+Command building is pure; only `allocation_hosts`, `cancel_by_name` and ``available`` run tools.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from pytest_gpucluster.errors import HostfileError, LaunchError, SettingsError
+from pytest_gpucluster.launch.base import JobSpec, LaunchCommand, worker_argv_tail
+from pytest_gpucluster.launch.torchrun import TorchrunLauncher
+from pytest_gpucluster.workloads._runtime import JOB_ID_ENV
+
+__all__ = ["MODES", "SlurmLauncher", "allocation_hosts", "cancel_by_name", "split_args"]
+
+MODES = ("agent", "tasks")
+CANCEL_MODULE = "pytest_gpucluster.launch.slurm"
+
+Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
+
+
+def split_args(args: str | Sequence[str] | None, what: str = "--slurm-args") -> tuple[str, ...]:
+    """``"--partition=gpu --time=10"`` or a list, as an argv tuple."""
+    if args is None:
+        return ()
+    if isinstance(args, str):
+        try:
+            return tuple(shlex.split(args))
+        except ValueError as exc:
+            raise SettingsError(f"{what}={args!r} cannot be split into arguments: {exc}") from None
+    return tuple(str(a) for a in args)
+
+
+def _default_port() -> int:
+    from pytest_gpucluster.cluster.ports import next_port
+
+    return next_port()
+
+
+class SlurmLauncher:
+    name = "slurm"
+    reaches_hosts = True
+    """srun reaches every node of the allocation itself: no remote-exec prefix is needed."""
+
+    def __init__(
+        self,
+        mode: str = "agent",
+        extra_args: str | Sequence[str] | None = None,
+        *,
+        srun: str = "srun",
+        overcommit: bool = True,
+        port_picker: Callable[[], int] | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise SettingsError(f"slurm launcher mode {mode!r} is not one of {', '.join(MODES)}")
+        self.mode = mode
+        self.extra_args = split_args(extra_args)
+        self.srun = srun
+        self.overcommit = overcommit
+        self.port_picker = port_picker or _default_port
+
+    def available(self) -> str | None:
+        if shutil.which(self.srun) is None:
+            return f"{self.srun} not found on PATH; install slurm-wlm or run inside an allocation"
+        return None
+
+    # ------------------------------------------------------------------ commands
+
+    def srun_options(self, job: JobSpec) -> list[str]:
+        """Everything between ``srun`` and the program."""
+        per_node = 1 if self.mode == "agent" else job.nproc_per_node
+        # Give up within the rendezvous time rather than pend (and never past the job's timeout).
+        immediate = max(int(min(job.rendezvous_timeout_s, job.timeout_s)), 1)
+        # A Slurm-side limit in case nobody is left to cancel the step: timeout + a margin.
+        minutes = math.ceil(job.timeout_s / 60) + 1
+        options = [
+            f"--job-name={job.job_id}",
+            f"--nodes={job.nnodes}",
+            f"--ntasks={job.nnodes * per_node}",
+            f"--ntasks-per-node={per_node}",
+            f"--nodelist={','.join(job.hosts)}",
+            "--distribution=block",
+            "--kill-on-bad-exit=1",
+            f"--immediate={immediate}",
+            f"--time={minutes}",
+            "--export=ALL",
+        ]
+        if self.overcommit:
+            options.append("--overcommit")
+        return [*options, *self.extra_args]
+
+    def program(self, job: JobSpec) -> list[str]:
+        """What each task runs."""
+        if self.mode == "agent":
+            return TorchrunLauncher().agent_argv(job)
+        return [job.python, *worker_argv_tail(job)]
+
+    def task_env(self, job: JobSpec) -> dict[str, str]:
+        env = dict(job.env)
+        if self.mode == "tasks":
+            port = job.rendezvous_port or self.port_picker()
+            env["MASTER_ADDR"] = job.hosts[0]
+            env["MASTER_PORT"] = str(port)
+        return env
+
+    def commands(self, job: JobSpec) -> list[LaunchCommand]:
+        argv = [self.srun, *self.srun_options(job), *self.program(job)]
+        return [LaunchCommand(host=job.hosts[0], argv=tuple(argv), env=self.task_env(job))]
+
+    def cancel_commands(self, job: JobSpec) -> list[LaunchCommand]:
+        """Run when the job is stopped (timeout, failure): cancel its step through Slurm.
+
+        The command must not carry the job id variable, or the local kill would take it too.
+        """
+        argv = [job.python, "-m", CANCEL_MODULE, "--cancel", job.job_id]
+        if self.mode == "tasks":
+            argv.append("--dump-stacks")
+        env = {k: v for k, v in job.env.items() if k != JOB_ID_ENV}
+        return [LaunchCommand(host=job.hosts[0], argv=tuple(argv), env=env)]
+
+
+# --------------------------------------------------------------------------- allocation
+
+
+def _run(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=30, check=False)
+
+
+def allocation_hosts(
+    environ: Mapping[str, str] | None = None, *, scontrol: str | None = "scontrol", run: Runner = _run
+) -> tuple[str, ...]:
+    """The allocation's nodes, in Slurm's order: ``scontrol show hostnames`` when it is on PATH
+    (it knows every syntax Slurm writes), else this package's own nodelist expansion."""
+    from pytest_gpucluster.cluster.nodelist import expand_nodelist
+
+    env = os.environ if environ is None else environ
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodelist:
+        raise HostfileError(
+            "SLURM_JOB_NODELIST is not set: this process is not inside a Slurm allocation "
+            "(run under salloc/sbatch, or give a hostfile)"
+        )
+    if scontrol and shutil.which(scontrol):
+        try:
+            done = run([scontrol, "show", "hostnames", nodelist])
+        except (OSError, subprocess.TimeoutExpired):
+            done = None
+        if done is not None and done.returncode == 0:
+            hosts = tuple(line.strip() for line in done.stdout.splitlines() if line.strip())
+            if hosts:
+                return hosts
+    return tuple(expand_nodelist(nodelist))
+
+
+# --------------------------------------------------------------------------- cancelling
+
+
+def _checked(done: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip().splitlines()
+        raise LaunchError(
+            f"{' '.join(map(str, done.args))} exited with code {done.returncode}: "
+            f"{said[-1] if said else 'no output'} (is SLURM_CONF pointing at a running slurmctld?)"
+        )
+    return done
+
+
+def find_ids(name: str, *, squeue: str = "squeue", run: Runner = _run) -> list[str]:
+    """Ids to scancel for jobs and steps named ``name``: a job id when srun allocated the job
+    itself, ``JOBID.STEPID`` for a step inside someone's allocation."""
+    jobs_out = _checked(run([squeue, "--noheader", f"--name={name}", "--format=%A"]))
+    jobs = [line.strip() for line in jobs_out.stdout.splitlines() if line.strip()]
+    # `squeue --steps --name` filters by the job's name, not the step's: filter here.
+    steps_out = _checked(run([squeue, "--noheader", "--steps", "--format=%i %j"]))
+    ids = list(jobs)
+    for line in steps_out.stdout.splitlines():
+        parts = line.split(None, 1)
+        if len(parts) == 2 and parts[1].strip() == name and parts[0].split(".")[0] not in jobs:
+            ids.append(parts[0])
+    return ids
+
+
+def cancel_by_name(
+    name: str,
+    *,
+    dump_stacks: bool = False,
+    grace_s: float = 0.5,
+    wait_s: float = 10.0,
+    run: Runner = _run,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[str]:
+    """``scancel`` the jobs and steps named ``name``; wait until squeue no longer lists them.
+
+    ``dump_stacks``: first ``scancel --signal=USR1``, which the ranks turn into a stack dump in
+    their logs (only for tasks that are ranks: a torchrun agent would die of SIGUSR1).
+    Returns the ids cancelled.
+    """
+    ids = find_ids(name, run=run)
+    if not ids:
+        return []
+    if dump_stacks:
+        run(["scancel", "--signal=USR1", *ids])
+        sleep(grace_s)
+    run(["scancel", *ids])
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end and find_ids(name, run=run):
+        sleep(0.2)
+    return ids
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    dump = "--dump-stacks" in args
+    args = [a for a in args if a != "--dump-stacks"]
+    if len(args) != 2 or args[0] != "--cancel":
+        print(f"usage: python -m {CANCEL_MODULE} --cancel JOB_NAME [--dump-stacks]", file=sys.stderr)
+        return 2
+    try:
+        cancelled = cancel_by_name(args[1], dump_stacks=dump)
+    except (OSError, subprocess.TimeoutExpired, LaunchError) as exc:
+        print(f"could not cancel Slurm job/step {args[1]}: {exc}", file=sys.stderr)
+        return 1
+    print(f"cancelled {' '.join(cancelled) or 'nothing (already gone)'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

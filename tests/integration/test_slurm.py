@@ -1,0 +1,293 @@
+"""A real single-node Slurm (Debian's slurm-wlm), started here, runs jobs through the slurm launcher.
+
+The ``slurm_cluster`` fixture writes a slurm.conf into a temp directory (free ports, its own
+state and spool directories, ``auth/none``: no munge key to share, fine in a sandbox only),
+starts slurmctld and slurmd in the foreground, waits until the node is idle, and in its
+finalizer cancels every job, stops both daemons and kills whatever still carries its
+``SLURM_CONF`` (slurmstepd, ranks). It skips, saying why, when a binary is missing or a daemon
+does not come up. The node claims 8 CPUs (``config_overrides``) so that an allocation and a
+job of its own fit side by side on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_gpucluster.cluster.spec import ClusterSpec
+from pytest_gpucluster.launch import get_launcher
+from pytest_gpucluster.launch.job import Cluster
+from pytest_gpucluster.launch.slurm import cancel_by_name, find_ids
+from pytest_gpucluster.workloads import basic
+
+SBIN = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/local/sbin"])
+TOOLS = ("slurmctld", "slurmd", "srun", "salloc", "sinfo", "squeue", "scancel")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _pids_with_env(needle: str) -> list[int]:
+    """Processes whose environment holds ``needle`` (``SLURM_CONF=<ours>``), never this one."""
+    want = needle.encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                if want in handle.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def _tail(path: Path, lines: int = 8) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+CONF = """\
+ClusterName=gc{suffix}
+SlurmctldHost={node}(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={d_port}
+SlurmUser={user}
+SlurmdUser={user}
+AuthType=auth/none
+CredType=cred/none
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+ReturnToService=2
+MailProg=/bin/true
+KillWait=5
+StateSaveLocation={dir}/state
+SlurmdSpoolDir={dir}/spool
+SlurmctldPidFile={dir}/slurmctld.pid
+SlurmdPidFile={dir}/slurmd.pid
+SlurmctldLogFile={dir}/slurmctld.log
+SlurmdLogFile={dir}/slurmd.log
+NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+class SlurmCluster:
+    def __init__(self, directory: Path, node: str, conf: Path) -> None:
+        self.dir = directory
+        self.node = node
+        self.conf = conf
+        self.env = {**os.environ, "SLURM_CONF": str(conf), "PATH": SBIN}
+
+    def run(self, *argv: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            argv, env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+
+    def jobs(self) -> list[str]:
+        return self.run("squeue", "--noheader", "--format=%A %j %T").stdout.splitlines()
+
+    def steps(self) -> list[str]:
+        return self.run("squeue", "--noheader", "--steps", "--format=%i %j").stdout.splitlines()
+
+    def wait_until(self, check, seconds: float = 15.0) -> bool:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if check():
+                return True
+            time.sleep(0.2)
+        return check()
+
+
+def _stop(procs: list[subprocess.Popen], cluster: SlurmCluster | None, conf: Path) -> None:
+    if cluster is not None:
+        with contextlib.suppress(Exception):
+            cluster.run("scancel", f"--user={getpass.getuser()}", timeout=10)
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    # slurmstepd and ranks daemonize away from slurmd: find them by the SLURM_CONF they carry.
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in _pids_with_env(f"SLURM_CONF={conf}"):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        end = time.monotonic() + 3
+        while _pids_with_env(f"SLURM_CONF={conf}") and time.monotonic() < end:
+            time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory):
+    missing = [tool for tool in TOOLS if shutil.which(tool, path=SBIN) is None]
+    if missing:
+        pytest.skip(
+            f"Slurm is not installed here ({', '.join(missing)} not found); apt-get install slurm-wlm"
+        )
+    if not os.path.isdir("/sys/fs/cgroup"):
+        pytest.skip("slurmd needs /sys/fs/cgroup, which is not mounted here")
+    directory = tmp_path_factory.mktemp("slurm")
+    for sub in ("state", "spool"):
+        (directory / sub).mkdir()
+    node = socket.gethostname().split(".")[0]
+    conf = directory / "slurm.conf"
+    conf.write_text(
+        CONF.format(
+            suffix=os.getpid(),
+            node=node,
+            ctld_port=_free_port(),
+            d_port=_free_port(),
+            user=getpass.getuser(),
+            dir=directory,
+            cpus=max(os.cpu_count() or 1, 8),
+        )
+    )
+    cluster = SlurmCluster(directory, node, conf)
+    procs: list[subprocess.Popen] = []
+    try:
+        for daemon, extra in (("slurmctld", ["-i"]), ("slurmd", ["-N", node])):
+            with open(directory / f"{daemon}.out", "wb") as out:
+                procs.append(
+                    subprocess.Popen(
+                        [shutil.which(daemon, path=SBIN), "-D", "-f", str(conf), *extra],
+                        env=cluster.env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+        idle = cluster.wait_until(lambda: cluster.run("sinfo", "-h", "-o", "%t").stdout.strip() == "idle", 30)
+        if not idle:
+            dead = [f"{p.args[0]} exited with {p.returncode}" for p in procs if p.poll() is not None]
+            state = cluster.run("sinfo", "-h", "-o", "%t %E").stdout.strip() or "no answer"
+            pytest.skip(
+                f"the test Slurm did not become idle in 30 s (node state: {state}; {'; '.join(dead)})\n"
+                f"slurmctld.log:\n{_tail(directory / 'slurmctld.log')}\nslurmd.log:\n{_tail(directory / 'slurmd.log')}"
+            )
+        with pytest.MonkeyPatch.context() as mp:
+            # An outer allocation (CI inside Slurm) must not leak into this cluster's commands.
+            for key in [k for k in os.environ if k.startswith("SLURM_")]:
+                mp.delenv(key)
+            mp.setenv("SLURM_CONF", str(conf))
+            mp.setenv("PATH", SBIN)
+            yield cluster
+    finally:
+        _stop(procs, cluster, conf)
+
+
+@pytest.fixture(scope="module")
+def allocation(slurm_cluster):
+    """An allocation held like ``salloc`` holds one: the environment a user's pytest runs in."""
+    done = slurm_cluster.run(
+        "salloc", "--no-shell", "--immediate=20", "--nodes=1", "--ntasks=2", "--job-name=gc-outer", timeout=30
+    )
+    job_id = next((line.split()[0] for line in slurm_cluster.jobs() if "gc-outer" in line), None)
+    if job_id is None:
+        pytest.fail(f"salloc --no-shell did not leave an allocation: {done.stdout}{done.stderr}")
+    nodelist = slurm_cluster.run("squeue", "-h", "-j", job_id, "-o", "%N").stdout.strip()
+    yield {"SLURM_JOB_ID": job_id, "SLURM_JOB_NODELIST": nodelist, "SLURM_NTASKS_PER_NODE": "2"}
+    slurm_cluster.run("scancel", job_id)
+
+
+def _no_worker_left(job_id: str) -> bool:
+    return _pids_with_env(f"GPUCLUSTER_JOB_ID={job_id}") == []
+
+
+def test_agent_mode_allocates_its_own_job_and_gets_the_sum(slurm_cluster, tmp_path):
+    spec = ClusterSpec(hosts=((slurm_cluster.node, 2),), nproc_per_node=2, backend="gloo", source="slurm")
+    cluster = Cluster(spec, get_launcher("slurm"), tmp_path)
+    result = cluster.run(basic.all_reduce_sum, timeout=90)
+    assert [v["sum"] for v in result.values] == [3.0, 3.0], result.failure_report()
+    (command,) = result.commands
+    assert command.argv[0] == "srun" and f"--job-name={result.job_id}" in command.argv
+    assert "torch.distributed.run" in command.argv
+    assert slurm_cluster.wait_until(lambda: not any(result.job_id in j for j in slurm_cluster.jobs()))
+
+
+def test_tasks_mode_inside_an_allocation_takes_ranks_from_slurm_procid(
+    slurm_cluster, allocation, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("SLURM_JOB_ID", allocation["SLURM_JOB_ID"])
+    spec = ClusterSpec.from_slurm_env(allocation)
+    assert spec.host_names == (slurm_cluster.node,) and spec.nproc_per_node == 2
+    cluster = Cluster(spec, get_launcher("slurm", mode="tasks"), tmp_path)
+    result = cluster.run(basic.all_reduce_sum, timeout=90)
+    assert [v["sum"] for v in result.values] == [3.0, 3.0], result.failure_report()
+    assert [(r.rank, r.local_rank) for r in result.ranks] == [(0, 0), (1, 1)]
+    agent_log = result.agent_logs[0].read_text()
+    assert "torch.distributed.run" not in " ".join(result.commands[0].argv)
+    # It ran as a step of the allocation, which is still there afterwards.
+    assert "queued and waiting" not in agent_log
+    jobs = slurm_cluster.jobs()
+    assert [line.split()[0] for line in jobs] == [allocation["SLURM_JOB_ID"]], jobs
+
+
+def test_a_hung_rank_is_cancelled_through_slurm_within_the_timeout(
+    slurm_cluster, allocation, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("SLURM_JOB_ID", allocation["SLURM_JOB_ID"])
+    cluster = Cluster(ClusterSpec.from_slurm_env(allocation), get_launcher("slurm"), tmp_path)
+    timeout = 20.0  # ranks start in ~3 s; the margin is for a loaded CI machine
+    start = time.monotonic()
+    result = cluster.run(basic.hang_on_rank, options={"rank": 1}, timeout=timeout)
+    elapsed = time.monotonic() - start
+    assert result.timed_out and not result.ok
+    assert elapsed < timeout + 20, f"the hung job took {elapsed:.1f} s to be stopped"
+    assert result.ranks[1].status == "hung", result.failure_report()
+    assert "in hang_on_rank" in result.ranks[1].log_path.read_text()  # its stack dump
+    # Slurm ended the step: srun's log says so, no step is left, the allocation itself lives on.
+    log = result.agent_logs[0].read_text()
+    assert "CANCELLED" in log or "Terminating StepId" in log, log
+    assert slurm_cluster.wait_until(lambda: slurm_cluster.steps() == []), slurm_cluster.steps()
+    assert [line.split()[0] for line in slurm_cluster.jobs()] == [allocation["SLURM_JOB_ID"]]
+    assert _no_worker_left(result.job_id)
+    assert result.survivors == ()
+
+
+def test_cancel_by_name_cancels_a_running_job_through_scancel(slurm_cluster, tmp_path):
+    name = f"gc-cancel-{os.getpid()}"
+    log = tmp_path / "srun.log"
+    with open(log, "wb") as out:
+        srun = subprocess.Popen(
+            ["srun", "--immediate=20", "--ntasks=1", f"--job-name={name}", "sleep", "300"],
+            env=slurm_cluster.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        assert slurm_cluster.wait_until(lambda: any(f" {name} RUNNING" in j for j in slurm_cluster.jobs()))
+        [job_id] = find_ids(name)
+        assert cancel_by_name(name) == [job_id]
+        # scancel ended it, not us: srun returns by itself and reports the cancellation.
+        assert srun.wait(timeout=20) != 0
+        assert f"JOB {job_id}" in log.read_text() or "cancelled" in log.read_text().lower(), log.read_text()
+        assert not any(name in j for j in slurm_cluster.jobs())
+        assert cancel_by_name(name) == []
+    finally:
+        if srun.poll() is None:
+            os.killpg(srun.pid, signal.SIGKILL)
+            srun.wait()
