@@ -76,6 +76,12 @@ def _launcher(text: str) -> str:
     return text
 
 
+def _slurm_mode(text: str) -> str:
+    if text not in ("agent", "tasks"):
+        raise ValueError(f"expected 'agent' or 'tasks', got {text!r}")
+    return text
+
+
 def _argv_template(text: str) -> tuple[str, ...]:
     """``"ssh -o BatchMode=yes {host}"`` -> argv; the user's own template, split once here."""
     argv = tuple(shlex.split(text))
@@ -144,6 +150,24 @@ OPTIONS: tuple[_Option, ...] = (
         "torchrun",
         _launcher,
         "NAME",
+    ),
+    _Option(
+        "--launcher-args",
+        "gpucluster_launcher_args",
+        "extra arguments for the launcher itself, e.g. '--partition=gpu --gpus-per-node=8' for slurm "
+        "(not for torchrun)",
+        None,
+        shlex.split,
+        "ARGS",
+    ),
+    _Option(
+        "--slurm-mode",
+        "gpucluster_slurm_mode",
+        "with --launcher slurm: 'agent' (one torchrun agent per node) or 'tasks' (one task per rank, "
+        "ranks from SLURM_PROCID)",
+        "agent",
+        _slurm_mode,
+        "MODE",
     ),
     _Option(
         "--remote-exec",

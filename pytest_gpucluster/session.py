@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pytest_gpucluster.errors import GpuClusterError, ProfileError
+from pytest_gpucluster.errors import GpuClusterError, ProfileError, SettingsError
 from pytest_gpucluster.options import Settings
 from pytest_gpucluster.profiles.detect import MachineInfo, choose_profile, detect_machine
 from pytest_gpucluster.profiles.loader import LoadedProfile, known_profiles, load_profile
@@ -168,12 +168,23 @@ class GpuClusterSession:
             spec = replace(spec, hosts=spec.hosts[:nnodes])
         return Cluster(
             spec,
-            get_launcher(launcher_name),
+            get_launcher(launcher_name, **self._launcher_kwargs(launcher_name)),
             self.results_dir / "jobs",
             remote_exec=self.settings["gpucluster_remote_exec"],
             progress=self.progress,
             default_env=self.nccl_env,
         )
+
+    def _launcher_kwargs(self, name: str) -> dict[str, Any]:
+        extra = self.settings["gpucluster_launcher_args"]
+        kwargs: dict[str, Any] = {}
+        if extra:
+            if name == "torchrun":
+                raise SettingsError("--launcher-args is for slurm, mpirun and deepspeed; torchrun takes none")
+            kwargs["extra_args"] = list(extra)
+        if name == "slurm":
+            kwargs["mode"] = self.settings["gpucluster_slurm_mode"]
+        return kwargs
 
     def cluster_error(self) -> GpuClusterError | None:
         """Why a cluster handle cannot be built (bad hostfile...), or None."""

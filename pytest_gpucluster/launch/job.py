@@ -37,6 +37,7 @@ from pytest_gpucluster.launch.base import (
 )
 from pytest_gpucluster.launch.process import LaunchSpec, read_rank_states, reap_argv, run_commands
 from pytest_gpucluster.launch.result import JobResult, build_result
+from pytest_gpucluster.launch.xdist import launch_lock
 from pytest_gpucluster.workloads._runtime import JOB_FILE, JOB_ID_ENV, write_json_atomic
 
 __all__ = ["Cluster", "workload_name"]
@@ -246,7 +247,10 @@ class Cluster:
             rendezvous_timeout_s=job.rendezvous_timeout_s + 10.0 if job.nnodes > 1 else job.timeout_s,
             failure_grace_s=self.failure_grace,
         )
-        outcome = run_commands(launch, commands, progress=self.progress, reap_commands=reapers)
+        # Under pytest-xdist, multi-rank jobs of different workers must not overlap (they would
+        # share devices and ports); outside xdist the lock does nothing.
+        with launch_lock(self.results_dir):
+            outcome = run_commands(launch, commands, progress=self.progress, reap_commands=reapers)
         return build_result(
             job_id=job.job_id,
             job_dir=job.job_dir,

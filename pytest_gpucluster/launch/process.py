@@ -107,7 +107,13 @@ def _is_worker(pid: int, proc: str = "/proc") -> bool:
             args = handle.read().split(b"\0")
     except OSError:
         return False
-    return WORKER_MODULE.encode() in args and b"torch.distributed.run" not in args
+    # Only a process started as `python -m <worker>` is a rank: agents and engine front ends
+    # (torchrun, srun, mpirun, the DeepSpeed runner) name the worker module further down their
+    # argv, and SIGUSR1 would kill them instead of dumping a stack.
+    head = args[:4]
+    return any(
+        a == b"-m" and i + 1 < len(head) and head[i + 1] == WORKER_MODULE.encode() for i, a in enumerate(head)
+    )
 
 
 def _signal_all(pids: Sequence[int], sig: int) -> None:

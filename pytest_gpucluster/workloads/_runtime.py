@@ -104,7 +104,8 @@ class RankIdentity:
                 world_size=int(env["OMPI_COMM_WORLD_SIZE"]),
                 local_rank=int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")),
                 local_world_size=local_world,
-                node_rank=int(env.get("OMPI_COMM_WORLD_NODE_RANK", rank // max(local_world, 1))),
+                # OMPI_COMM_WORLD_NODE_RANK counts processes on the node, not nodes: derive it.
+                node_rank=rank // max(local_world, 1),
                 host=host,
             )
         if "SLURM_PROCID" in env:  # srun, one task per rank
