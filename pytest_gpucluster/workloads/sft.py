@@ -334,7 +334,7 @@ def train(ctx: RankContext) -> dict[str, Any]:
         )
         del model
         setup_s = time.perf_counter() - t_setup
-        losses, step_times, real_tokens = [], [], 0
+        losses, step_times, step_cpu_times, real_tokens = [], [], [], 0
         util_reason = None
         last_print = 0.0
         for step in range(1, total_steps + 1):
@@ -342,7 +342,7 @@ def train(ctx: RankContext) -> dict[str, Any]:
                 ctx.barrier()  # every rank starts the timed steps together
                 sampler, util_reason = _start_sampler(ctx, opts)
             ctx.synchronize()
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             loss_sum = None
             for micro in range(opts.grad_accum):
                 index = ((step - 1) * opts.grad_accum + micro) % len(batches)
@@ -358,6 +358,7 @@ def train(ctx: RankContext) -> dict[str, Any]:
             losses.append(loss_sum / opts.grad_accum)
             if step > opts.warmup_steps:
                 step_times.append(elapsed)
+                step_cpu_times.append(time.process_time() - start_cpu)
             now = time.perf_counter()
             if ctx.rank == 0 and (step in (1, total_steps) or now - last_print >= opts.progress_interval_s):
                 last_print = now
@@ -410,6 +411,9 @@ def train(ctx: RankContext) -> dict[str, Any]:
         "step_times_s": step_times,
         "step_time_median_s": times.median,
         "step_time_p90_s": times.p90,
+        # CPU seconds this process spent per timed step: beside the wall time, it tells work
+        # from waiting (for peers, the GPU, or other jobs on a shared machine).
+        "step_process_cpu_median_s": metrics.summarize(step_cpu_times).median,
         "samples_per_s": samples_per_step * ctx.world_size / times.median,
         "samples_per_s_per_device": samples_per_step / times.median,
         "tokens_per_s_per_device": tokens_per_s,
