@@ -20,6 +20,7 @@ Depends on the standard library, torch, DeepSpeed (imported here only) and ``swe
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -76,9 +77,27 @@ def _init_deepspeed_shm(ctx: RankContext, dtype: str) -> Any:
     if level < _SHM_DTYPES[dtype]:
         need = "AVX2" if _SHM_DTYPES[dtype] == 1 else "AVX-512BW"
         raise WorkloadSkip(f"DeepSpeed's shm {dtype} kernel needs {need}, which this CPU lacks")
+    _unlink_shm_segment(ctx)
     if ctx.rank == 0:
         ctx.progress(f"# shm op ready in {time.perf_counter() - started:.1f} s (vector kernel level {level})")
     return dscomm
+
+
+def _unlink_shm_segment(ctx: RankContext) -> None:
+    """Remove this rank's DeepSpeed segment from /dev/shm once every rank has mapped it.
+
+    DeepSpeed never unlinks its ``deepspeed_allreduce_buffer_*`` segments (66 MiB per rank,
+    in RAM); without this every job leaves them behind. The mappings stay valid after the
+    unlink, and doing it right after the set-up means a job that dies later leaks nothing.
+    """
+    import os
+
+    ctx.barrier()  # every rank has opened every segment inside init_distributed
+    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    path = f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_{ctx.rank}"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+        print(f"removed {path}", flush=True)
 
 
 def _span(ctx: RankContext, run: Callable[[], Any], iters: int) -> float:
