@@ -142,6 +142,8 @@ class GpuClusterSession:
             f"gpucluster: thresholds {self.profile.path} (sha256 {self.profile.sha256[:12]})",
             f"gpucluster: results -> {self.results_dir}",
         ]
+        for warning in self.profile.warnings:
+            lines.append(f"gpucluster: WARNING {warning}")
         if self.settings.dry_run:
             lines.append("gpucluster: dry run — commands are printed, nothing is launched")
         return lines
