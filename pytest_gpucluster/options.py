@@ -262,6 +262,14 @@ def add_options(parser: pytest.Parser) -> None:
         default=False,
         help="print, per host, the exact commands each test would launch, and launch nothing",
     )
+    group.addoption(
+        "--gpucluster-drain",
+        dest="gpucluster_drain",
+        action="store_true",
+        default=False,
+        help="burn-in: run the printed 'scontrol update ... State=DRAIN' command for each suspect node "
+        "(without it, suspects.json is written and the commands are only printed)",
+    )
 
 
 @dataclass(frozen=True)

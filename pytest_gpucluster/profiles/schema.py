@@ -219,6 +219,39 @@ class SftSection(Section):
         return cases
 
 
+class BurninSection(Section):
+    """Burn-in (acceptance/test_burnin.py): per-rank health floors, straggler tolerance, pairwise
+    localization. Every floor is optional: an unset one is measured and reported, not gated."""
+
+    straggler_tolerance: Fraction = Field(
+        0.25,
+        description="A rank, node or node pair slower than the median of its peers by more than this "
+        "fraction is a suspect (times; for rates, below the median by this fraction).",
+    )
+    straggler_min_excess: Duration = Field(
+        0.001,
+        description="...and slower by more than this many seconds (per iteration): smaller differences "
+        "are timer noise.",
+    )
+    min_cpu_matmul: FlopRate | None = Field(None, description="float32 matmul per rank, on the CPU.")
+    min_cpu_memory_bandwidth: Bandwidth | None = Field(None, description="Host memory copy per rank.")
+    min_matmul: FlopRate | None = Field(None, description="Dense bf16 matmul per GPU.")
+    min_memory_bandwidth: Bandwidth | None = Field(None, description="Device memory copy per GPU.")
+    min_h2d_bandwidth: Bandwidth | None = Field(None, description="Pinned host-to-device copy per GPU.")
+    max_temperature: float | None = Field(None, gt=0, description="GPU temperature, degrees Celsius.")
+    max_power: float | None = Field(None, gt=0, description="GPU power draw, watts.")
+    min_pcie_gen: int | None = Field(None, ge=1, description="Current PCIe link generation per GPU.")
+    min_pcie_width: int | None = Field(None, ge=1, description="Current PCIe link width (lanes) per GPU.")
+    max_retired_pages: int | None = Field(None, ge=0, description="Retired pages / remapped rows per GPU.")
+    forbidden_throttle_reasons: tuple[str, ...] = Field(
+        ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown"),
+        description="NVML clock throttle reasons that fail a GPU when active.",
+    )
+    pair_size: Size = Field(4 * 2**20, description="all_reduce size of each pairwise node test.")
+    pair_iters: int = Field(10, ge=1, description="Timed all_reduce iterations per pairwise test.")
+    pair_min_busbw: Bandwidth | None = Field(None, description="Absolute floor for every node pair.")
+
+
 class ProfileModel(Section):
     """A whole profile, after ``extends:`` has been merged."""
 
@@ -232,6 +265,7 @@ class ProfileModel(Section):
     nvlink: NvlinkSection | None = None
     sft: SftSection = Field(default_factory=SftSection)
     scaling: ScalingSection | None = None
+    burnin: BurninSection = Field(default_factory=BurninSection)
     versions: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("nccl_env", mode="before")
