@@ -12,6 +12,7 @@ Like the rest of ``workloads/``, this depends on the standard library and torch 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import faulthandler
 import gc
@@ -94,6 +95,20 @@ def _teardown() -> None:
         traceback.print_exc()
 
 
+def _remove_deepspeed_shm(identity: RankIdentity) -> None:
+    """DeepSpeed's CPU comm leaves a 66 MiB ``/dev/shm`` segment per rank per job; remove ours.
+
+    The name is ``deepspeed_allreduce_buffer_<n>_<MASTER_ADDR>_<MASTER_PORT>_<local_rank>``. By
+    teardown the workload is done, and unlinking a segment another process still maps is safe.
+    """
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        return
+    for segment in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{addr}_{port}_{identity.local_rank}"):
+        with contextlib.suppress(OSError):
+            segment.unlink()
+
+
 def run(job_dir: Path) -> int:
     job = json.loads((job_dir / JOB_FILE).read_text(encoding="utf-8"))
     os.environ.update({str(k): str(v) for k, v in (job.get("env") or {}).items()})
@@ -163,6 +178,7 @@ def run(job_dir: Path) -> int:
         exit_code = 1
     faulthandler.cancel_dump_traceback_later()
     _teardown()
+    _remove_deepspeed_shm(identity)
     sys.stdout.flush()
     sys.stderr.flush()
     log.flush()
