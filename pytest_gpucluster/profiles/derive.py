@@ -74,19 +74,20 @@ class MetricRule:
 RULES: tuple[MetricRule, ...] = (
     MetricRule(r"collectives\.(?P<collective>[a-z_]+)\.busbw", "collective", "min_busbw", "bandwidth"),
     MetricRule(r"collectives\.(?P<collective>[a-z_]+)\.latency", "collective", "max_latency", "duration"),
-    MetricRule(r"sft\.(?P<case>[^.]+)\.step_time(_median)?", "sft", "max_step_time", "duration"),
-    MetricRule(r"sft\.(?P<case>[^.]+)\.samples_per_s", "sft", "min_samples_per_s", "number"),
+    MetricRule(r"sft\.(?:(?P<case>[^.]+)\.)?step_time(_median)?", "sft", "max_step_time", "duration"),
+    MetricRule(r"sft\.(?:(?P<case>[^.]+)\.)?samples_per_s", "sft", "min_samples_per_s", "number"),
     MetricRule(
-        r"sft\.(?P<case>[^.]+)\.tokens_per_s_per_(gpu|device|rank)",
+        r"sft\.(?:(?P<case>[^.]+)\.)?tokens_per_s_per_(gpu|device|rank)",
         "sft",
         "min_tokens_per_s_per_gpu",
         "number",
     ),
-    MetricRule(r"sft\.(?P<case>[^.]+)\.mfu", "sft", "min_mfu", "fraction", cap=1.0),
-    MetricRule(r"sft\.(?P<case>[^.]+)\.peak_memory(_[a-z]+)?", "sft", "max_peak_memory", "size"),
-    MetricRule(r"sft\.(?P<case>[^.]+)\.gpu_util(ization)?", "sft", "min_gpu_util", "fraction", cap=1.0),
-    MetricRule(r"scaling\.(?P<case>[^.]+)\.efficiency", "scaling", "min_efficiency", "fraction", cap=1.0),
-    MetricRule(r"scaling\.efficiency", "scaling", "min_efficiency", "fraction", cap=1.0),
+    MetricRule(r"sft\.(?:(?P<case>[^.]+)\.)?mfu", "sft", "min_mfu", "fraction", cap=1.0),
+    MetricRule(r"sft\.(?:(?P<case>[^.]+)\.)?peak_memory(_[a-z]+)?", "sft", "max_peak_memory", "size"),
+    MetricRule(r"sft\.(?:(?P<case>[^.]+)\.)?gpu_util(ization)?", "sft", "min_gpu_util", "fraction", cap=1.0),
+    MetricRule(
+        r"scaling\.(?:(?P<case>[^.]+)\.)?efficiency", "scaling", "min_efficiency", "fraction", cap=1.0
+    ),
     MetricRule(r"nvlink\.speedup", "nvlink", "min_speedup", "number"),
     MetricRule(r"nvlink\.link_speed", "nvlink", "min_link_speed", "bandwidth"),
     MetricRule(r"nvlink\.counter_fraction", "nvlink", "min_counter_fraction", "fraction"),

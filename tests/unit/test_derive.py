@@ -169,19 +169,43 @@ def test_runs_of_different_profiles_are_refused(tmp_path):
         derive_files([a, b], name="x", margin_text="10%", from_baseline=True, out=tmp_path / "x.yaml")
 
 
+def _sft(key: str) -> dict:
+    # as acceptance/test_sft.py records them (pytest_gpucluster/sft_cases.py)
+    return {
+        "labels": {"case": "llama2-7b-2node"},
+        "source": f"profile h200-spectrumx: sft.cases[0].{key} (seed 002)",
+    }
+
+
 H200_POINTS = [
     # 100 samples/s on 16 GPUs; a step is 16 ranks x 8 x 16 samples = 2048 samples = 20.48 s
-    ("sft.llama2-7b-2node.samples_per_s", 100.0, 50.0, "samples/s", {}),
-    ("sft.llama2-7b-2node.step_time", 20.48, 40.0, "s", {"comparison": "<="}),
-    ("sft.llama2-7b-2node.mfu", 0.45, 0.3, "fraction", {}),
-    ("sft.llama2-7b-2node.peak_memory", 100 * 2**30, 130 * 2**30, "B", {"comparison": "<="}),
-    ("sft.llama2-7b-2node.gpu_util", 0.95, 0.9, "fraction", {}),
+    ("sft.samples_per_s", 100.0, 50.0, "samples/s", _sft("min_samples_per_s")),
+    ("sft.step_time", 20.48, 40.0, "s", {**_sft("max_step_time"), "comparison": "<="}),
+    ("sft.mfu", 0.45, 0.3, "fraction", _sft("min_mfu")),
+    # per rank: the most lenient (highest) ceiling / (lowest) floor of the ranks is kept
+    *[
+        (
+            "sft.peak_memory",
+            gib * 2**30,
+            130 * 2**30,
+            "B",
+            {"labels": {"case": "llama2-7b-2node", "rank": r}, "comparison": "<="},
+        )
+        for r, gib in enumerate((98, 100, 99))
+    ],
+    *[
+        ("sft.gpu_util", u, 0.9, "fraction", {"labels": {"case": "llama2-7b-2node", "rank": r}})
+        for r, u in enumerate((0.97, 0.95, 0.99))
+    ],
     (
-        "scaling.llama2-7b-2node.efficiency",
+        "scaling.efficiency",
         1.15,
         0.96,
         "fraction",
-        {"labels": {"from_nodes": 2, "to_nodes": 4}},
+        {
+            "labels": {"case": "llama2-7b-2node", "unit": "nodes", "from": 2, "to": 4},
+            "source": "profile h200-spectrumx: scaling.steps[0].min_efficiency (seed 002)",
+        },
     ),
     ("nvlink.speedup", 5.0, 3.0, "x", {}),
 ]
