@@ -25,6 +25,7 @@ import math
 import os
 import re
 import statistics
+import typing
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,14 +42,17 @@ from pytest_gpucluster.results.model import Measurement
 
 __all__ = ["RULES", "DerivedProfile", "MetricRule", "SourceRun", "derive_profile", "parse_margin", "read_run"]
 
-Kind = Literal["bandwidth", "duration", "size", "fraction", "number"]
-Target = Literal["collective", "sft", "scaling", "nvlink"]
+Kind = Literal["bandwidth", "duration", "size", "fraction", "flops", "number"]
+Target = str
+"""``collective``, ``sft``, ``scaling`` (list entries), or the name of a mapping section (``nvlink``,
+``burnin``...) whose ``min_*``/``max_*`` keys are thresholds."""
 
 _UNITS: dict[Kind, tuple[str, ...]] = {
     "bandwidth": ("B/s",),
     "duration": ("s",),
     "size": ("B",),
     "fraction": ("fraction",),
+    "flops": ("FLOP/s",),
     "number": (),  # any unit: samples/s, tokens/s, x
 }
 
@@ -68,7 +72,8 @@ class MetricRule:
 
     @property
     def floor(self) -> bool:
-        return self.key.startswith("min_")
+        """``min_*`` (also ``pair_min_busbw``...) is a floor; ``max_*`` a ceiling."""
+        return "_min_" in f"_{self.key}"
 
 
 RULES: tuple[MetricRule, ...] = (
@@ -124,6 +129,51 @@ def rule_for(
     return None
 
 
+_PARSERS_KIND: dict[str, Kind] = {
+    "parse_bandwidth": "bandwidth",
+    "parse_duration": "duration",
+    "parse_bytes": "size",
+    "parse_fraction": "fraction",
+    "parse_flops": "flops",
+}
+
+
+def _mapping_sections() -> tuple[str, ...]:
+    """Top-level profile sections that are one mapping (not ``cluster``): nvlink, burnin, ..."""
+    from pytest_gpucluster.profiles.loader import _model_of
+
+    return tuple(
+        name
+        for name, info in ProfileModel.model_fields.items()
+        if name not in ("cluster", "collectives", "sft", "scaling") and _model_of(info.annotation) is not None
+    )
+
+
+def _field_kind(section: str, key: str) -> Kind | None:
+    """How a ``min_*``/``max_*`` key of a mapping section is written, from the schema; None for
+    what takes no margin (integers such as a PCIe generation, lists, flags)."""
+    from pytest_gpucluster.profiles.loader import _model_of
+
+    if "_min_" not in f"_{key}" and "_max_" not in f"_{key}":
+        return None
+    model = _model_of(ProfileModel.model_fields[section].annotation)
+    info = model.model_fields.get(key) if model is not None else None
+    if info is None:
+        return None
+    metadata = list(info.metadata)
+    plain = set()
+    for arg in typing.get_args(info.annotation) or (info.annotation,):
+        if typing.get_origin(arg) is typing.Annotated:
+            metadata += arg.__metadata__
+        elif arg is not type(None):
+            plain.add(arg)
+    for meta in metadata:
+        name = getattr(getattr(meta, "func", None), "__name__", "")
+        if name in _PARSERS_KIND:
+            return _PARSERS_KIND[name]
+    return "number" if plain == {float} else None
+
+
 def _rule_from_source(
     metric: str, source: str, model: ProfileModel
 ) -> tuple[MetricRule, dict[str, str]] | None:
@@ -142,11 +192,16 @@ def _rule_from_source(
         section == "scaling" and index is not None and model.scaling and int(index) < len(model.scaling.steps)
     ):
         target, groups = "scaling", {"step": index}
-    elif section == "nvlink" and index is None:
-        target = "nvlink"
+    elif index is None and section in _mapping_sections():
+        target = section
     else:
         return None
     rule = next((r for r in RULES if (r.target, r.key) == (target, key)), None)
+    if rule is None and target == section:
+        kind = _field_kind(section, key)
+        if kind is None:
+            return None
+        rule = MetricRule(re.escape(metric), target, key, kind, 1.0 if kind == "fraction" else None)
     if rule is None:
         return None
     return MetricRule(re.escape(metric), target, key, rule.kind, rule.cap), groups
@@ -253,6 +308,8 @@ def format_quantity(value: float, kind: Kind, up: bool | None = None) -> str:
 
     if kind == "bandwidth":
         return f"{r(value / 1e9)}GB/s"
+    if kind == "flops":
+        return f"{r(value / 1e12)}TFLOP/s"
     if kind == "duration":
         for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
             if value >= scale or unit == "us":
@@ -323,7 +380,7 @@ class _Threshold:
 
 @dataclass
 class _Entry:
-    """A list entry (check, case, step) or the nvlink mapping, with thresholds to set."""
+    """A list entry (check, case, step) or a mapping section (nvlink, burnin), with thresholds to set."""
 
     identity: tuple[Any, ...]
     parent: Any = None
@@ -401,7 +458,7 @@ def _collect(runs: Sequence[SourceRun], model: ProfileModel) -> tuple[list[_Poin
         failed = any(m.verdict == "fail" for _, m in items)
         points.append(_Point(rule, groups, sample, values, failed))
     order = {(r.target, r.key): i for i, r in reversed(list(enumerate(RULES)))}
-    points.sort(key=lambda p: (order[p.rule.target, p.rule.key], p.sample.key))
+    points.sort(key=lambda p: (order.get((p.rule.target, p.rule.key), len(RULES)), p.sample.key))
     return points, [f"{name}: {why}" for name, why in sorted(unmapped.items())]
 
 
@@ -500,7 +557,7 @@ def derive_profile(
     if model.scaling is not None:
         for step in model.scaling.steps:
             steps[(step.from_nodes, step.to_nodes)] = _Entry((step.from_nodes, step.to_nodes), step)
-    nvlink = _Entry(("nvlink",), model.nvlink)
+    sections: dict[str, _Entry] = {}
 
     count = 0
     for point in points:
@@ -535,7 +592,7 @@ def derive_profile(
                 continue
             entry = steps.setdefault((int(lo), int(hi)), _Entry((int(lo), int(hi))))
         else:
-            entry = nvlink
+            entry = sections.setdefault(point.rule.target, _Entry((point.rule.target,)))
         threshold, note = _threshold_for(point, margin, runs)
         earlier = entry.thresholds.get(threshold.key)
         if earlier is None:
@@ -563,7 +620,7 @@ def derive_profile(
         checks=list(checks.values()),
         cases=list(cases.values()),
         steps=list(steps.values()),
-        nvlink=nvlink,
+        sections=sections,
         unmapped=unmapped,
     )
     return DerivedProfile(text, count, tuple(unmapped), tuple(notes))
@@ -664,7 +721,7 @@ def _render(
     checks: list[_Entry],
     cases: list[_Entry],
     steps: list[_Entry],
-    nvlink: _Entry,
+    sections: dict[str, _Entry],
     unmapped: list[str],
 ) -> str:
     first = runs[0]
@@ -689,9 +746,9 @@ def _render(
         lines += ["", "collectives:", "  checks:"]
         for entry in checks:
             lines += _check_line(entry, tag)
-    if nvlink.thresholds:
-        lines += ["", "nvlink:"]
-        for threshold in nvlink.thresholds.values():
+    for section, entry in sections.items():
+        lines += ["", f"{section}:"]
+        for threshold in entry.thresholds.values():
             lines.append(f"  {threshold.key}: {threshold.text}    # {threshold.comment}")
     if any(e.thresholds for e in cases):
         lines += ["", "sft:", "  cases:"]

@@ -38,6 +38,11 @@ Bus bandwidth (``collectives.checks[*].min_busbw``, ``nvlink.*busbw``)
     lowers all_reduce traffic to 1: that is how 8 x H100 reach 460-480 GB/s of busbw on
     450 GB/s links, and the check allows it unless the profile sets ``nccl.nvls: false``.
 
+Burn-in floors
+    ``burnin.min_matmul`` above the dense bf16 peak, ``min_memory_bandwidth`` above the memory
+    bandwidth and ``min_h2d_bandwidth`` above the PCIe link are errors; ``pair_min_busbw`` is
+    held to the 2-node all_reduce ceiling.
+
 Memory and efficiency
     ``max_peak_memory`` above the device memory is an error (the larger of ``cluster.gpu_memory``
     and the device table's figure: vendors print binary capacities with decimal labels, so
@@ -116,6 +121,9 @@ class Peaks:
     node_network: Figure | None
     """Per-node network bandwidth per direction: NIC line rate x NICs per node."""
     nvls: bool
+    memory_bandwidth: Figure | None = None
+    pcie: Figure | None = None
+    """The GPU's host link per direction."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +193,13 @@ def peaks_for(model: ProfileModel, devices: tuple[Device, ...] | None = None) ->
     nvls = bool(device and device.nvls) and not (model.nccl is not None and model.nccl.nvls is False)
     if model.nccl_env.get("NCCL_NVLS_ENABLE") == "0":
         nvls = False
-    return Peaks(device, peak, memory, intra, network, nvls)
+    memory_bw = None
+    if cluster.memory_bandwidth:
+        memory_bw = Figure(cluster.memory_bandwidth, "cluster.memory_bandwidth")
+    elif device:
+        memory_bw = Figure(device.memory_bandwidth, dev_src)
+    pcie = Figure(device.pcie_bandwidth, f"PCIe x16 per direction, {dev_src}") if device else None
+    return Peaks(device, peak, memory, intra, network, nvls, memory_bw, pcie)
 
 
 # --------------------------------------------------------------------------------------------
@@ -427,6 +441,35 @@ def _check_case(out: _Collector, index: int, case: SftCase, model: ProfileModel,
                 )
 
 
+def _check_burnin(out: _Collector, model: ProfileModel, peaks: Peaks) -> None:
+    """Per-GPU floors of the burn-in section against the device's own peaks."""
+    burnin = getattr(model, "burnin", None)
+    if burnin is None:
+        return
+    for field, figure, what, show in (
+        ("min_matmul", peaks.peak_flops, "the dense bf16 peak", _tflops),
+        ("min_memory_bandwidth", peaks.memory_bandwidth, "the memory bandwidth", _gbs),
+        ("min_h2d_bandwidth", peaks.pcie, "the host link", _gbs),
+    ):
+        value = getattr(burnin, field, None)
+        if value is None:
+            continue
+        key = ("burnin", field)
+        if model.cluster.device != "cuda" or figure is None:
+            out.skip(key, "no device figure to hold it against")
+            continue
+        out.checked += 1
+        if value > figure.value:
+            out.error(
+                key,
+                f"{field} {show(value)} per GPU is above {what}, {show(figure.value)} ({figure.source}): "
+                "no GPU measures more than its peak",
+            )
+    value = getattr(burnin, "pair_min_busbw", None)
+    if value is not None:
+        _check_busbw(out, ("burnin", "pair_min_busbw"), value, "all_reduce", "inter-node", model, peaks)
+
+
 def check_profile(model: ProfileModel, devices: tuple[Device, ...] | None = None) -> PhysicsReport:
     """Hold every threshold of a validated profile against the peaks of its hardware."""
     out = _Collector()
@@ -455,6 +498,7 @@ def check_profile(model: ProfileModel, devices: tuple[Device, ...] | None = None
                 )
     for index, case in enumerate(model.sft.cases):
         _check_case(out, index, case, model, peaks)
+    _check_burnin(out, model, peaks)
     if model.scaling is not None:
         for index, step in enumerate(model.scaling.steps):
             key = ("scaling", "steps", index, "min_efficiency")

@@ -308,6 +308,36 @@ def test_one_key_gated_at_several_points_takes_the_most_lenient(tmp_path):
     assert "measured 2.5 x; -10% [the most lenient of 3 measured points]" in out.read_text()
 
 
+def test_mapping_sections_take_any_threshold_key_their_source_names(tmp_path):
+    # burnin has no row in RULES: the key, and how to write it, come from the schema
+    points = [
+        (
+            "burnin.cpu_matmul",
+            50e9,
+            10e9,
+            "FLOP/s",
+            {"labels": {"rank": 0}, "source": "profile cpu-local: burnin.min_cpu_matmul"},
+        ),
+        (
+            "burnin.cpu_copy",
+            8e9,
+            1e9,
+            "B/s",
+            {"labels": {"rank": 0}, "source": "profile cpu-local: burnin.min_cpu_memory_bandwidth"},
+        ),
+        ("burnin.pcie_gen", 4, 4, "gen", {"source": "profile cpu-local: burnin.min_pcie_gen"}),
+    ]
+    run = _record(tmp_path / "results.json", "cpu-local", points)
+    out = tmp_path / "b.yaml"
+    derive_files([run], name="b", margin_text="10%", from_baseline=False, out=out, echo=lambda _: None)
+    burnin = load_profile(str(out)).model.burnin
+    assert burnin.min_cpu_matmul == pytest.approx(45e9)
+    assert burnin.min_cpu_memory_bandwidth == pytest.approx(7.2e9)
+    text = out.read_text()
+    assert "min_cpu_matmul: 0.045TFLOP/s" in text
+    assert "#   burnin.pcie_gen: no profile key for this metric" in text  # an integer takes no margin
+
+
 def test_a_derived_profile_may_reuse_its_parents_name(cpu_run, tmp_path):
     # ./cpu-local.yaml extending "cpu-local" would find itself first: it extends the file by path
     out = tmp_path / "cpu-local.yaml"

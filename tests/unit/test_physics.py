@@ -222,6 +222,35 @@ def test_gpu_util_above_100_percent_is_an_error(tmp_path):
         load_profile(str(path))
 
 
+@pytest.mark.parametrize(
+    ("burnin", "error"),
+    [
+        (
+            "{min_matmul: 1200TFLOP/s}",
+            "min_matmul 1,200 TFLOP/s per GPU is above the dense bf16 peak, 989 TFLOP/s",
+        ),
+        (
+            "{min_memory_bandwidth: 4TB/s}",
+            "above the memory bandwidth, 3,350 GB/s (cluster.memory_bandwidth)",
+        ),
+        (
+            "{min_h2d_bandwidth: 100GB/s}",
+            "above the host link, 64 GB/s (PCIe x16 per direction, devices.yaml h100-sxm)",
+        ),
+        ("{pair_min_busbw: 800GB/s}", "800 GB/s > 750 GB/s"),
+        ("{min_matmul: 700TFLOP/s, min_memory_bandwidth: 3TB/s, pair_min_busbw: 380GB/s}", None),
+    ],
+)
+def test_burnin_floors_against_the_device(tmp_path, burnin, error):
+    path = _copy(tmp_path, "dgx-h100-ib", "\nnvlink:\n", f"\nburnin: {burnin}\n\nnvlink:\n")
+    if error is None:
+        assert load_profile(str(path)).warnings == ()
+        return
+    with pytest.raises(ProfileError) as exc:
+        load_profile(str(path))
+    assert error in str(exc.value) and "key 'burnin." in str(exc.value)
+
+
 def test_errors_and_warnings_name_the_file_that_holds_the_key(tmp_path):
     # the child sets only the threshold; the message points at the child's line, not the parent's
     (tmp_path / "child.yaml").write_text(
