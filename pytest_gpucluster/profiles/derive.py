@@ -300,11 +300,12 @@ def _num(x: float) -> str:
     return f"{x:.6g}"
 
 
-def format_quantity(value: float, kind: Kind, up: bool | None = None) -> str:
-    """A profile quantity for ``value`` in canonical units; ``up`` rounds (None keeps 6 digits)."""
+def format_quantity(value: float, kind: Kind, up: bool | None = None, digits: int = 6) -> str:
+    """A profile quantity for ``value`` in canonical units; ``up`` rounds to 3 significant digits
+    (up or down), None keeps ``digits``."""
 
     def r(x: float) -> str:
-        return _num(x if up is None else _round(x, up))
+        return f"{x:.{digits}g}" if up is None else _num(_round(x, up))
 
     if kind == "bandwidth":
         return f"{r(value / 1e9)}GB/s"
@@ -334,8 +335,8 @@ def _exact_size(n: float) -> str:
 
 def _measured(value: float, kind: Kind, unit: str) -> str:
     if kind == "number":
-        return f"{_num(value)} {unit}".strip()
-    return format_quantity(value, kind)
+        return f"{value:.4g} {unit}".strip()
+    return format_quantity(value, kind, digits=4)
 
 
 def _scalar(value: Any) -> str:

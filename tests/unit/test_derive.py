@@ -114,7 +114,7 @@ def test_derived_profile_records_its_source_run(cpu_run, tmp_path):
     assert f"# Source run: {cpu_run.resolve()} (2026-01-01 00:00 UTC), profile cpu-local" in text
     assert f"fingerprint {run.fingerprint_id}" in text and "hosts node001, node002" in text
     assert "nccl 2.21.5" in text
-    assert "# min_busbw: measured 1.2345GB/s; -10%" in text
+    assert "# min_busbw: measured 1.234GB/s; -10%" in text
     assert "# max_latency: measured 450us; +10%" in text
     # what was not derived is listed, with why
     assert "#   demo.unmapped: no profile key for this metric (value 3 x)" in text
