@@ -226,7 +226,7 @@ class BurninSection(Section):
     straggler_tolerance: Fraction = Field(
         0.25,
         description="A rank, node or node pair slower than the median of its peers by more than this "
-        "fraction is a suspect (times; for rates, below the median by this fraction).",
+        "fraction of time is a suspect (a rate below median / (1 + tolerance); 1.0: twice as slow).",
     )
     straggler_min_excess: Duration = Field(
         0.001,

@@ -1,0 +1,250 @@
+"""Suspects and the drain list: ``suspects.json`` and the ``scontrol`` commands that drain them.
+
+Every burn-in check that names a node, GPU or link produces a `Suspect`. The session writes all
+of them to ``<results dir>/suspects.json`` (node, reason, evidence) and prints, per suspect node,
+the command an operator would run::
+
+    scontrol update NodeName=node17 State=DRAIN Reason="gpucluster burn-in: ..."
+
+The commands are argv lists, never shell strings (a reason may hold any character), and they are
+run only when the user asked for it (``--gpucluster-drain``): the caller decides, this module
+only builds and, on request, executes them. A link suspect (a pair that is slow while each of
+its nodes is fine against others) is listed but never drained: the cable or switch port is the
+suspect, not either node.
+
+Standard library only; no torch, no pytest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shlex
+import subprocess
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pytest_gpucluster.burnin import BurninError
+
+__all__ = [
+    "SUSPECTS_FILE",
+    "DrainOutcome",
+    "Suspect",
+    "drain_argv",
+    "drain_commands",
+    "read_suspects",
+    "run_drain",
+    "write_suspects",
+]
+
+SUSPECTS_FILE = "suspects.json"
+SCHEMA_VERSION = 1
+REASON_PREFIX = "gpucluster burn-in: "
+MAX_REASON = 200
+"""Slurm keeps the reason as one string; long ones are cut so ``sinfo -R`` stays readable."""
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+"""A single Slurm node name. Commas, brackets and spaces would make scontrol drain a list or
+range of nodes, so they are refused rather than passed on."""
+
+Kind = Literal["node", "gpu", "link"]
+
+
+@dataclass(frozen=True, slots=True)
+class Suspect:
+    """A node, a GPU of a node, or the link between two nodes that a burn-in check named."""
+
+    node: str
+    reason: str
+    """One sentence with the numbers: what was measured, against what."""
+    check: str
+    """The check that named it: ``straggler``, ``pairwise``, ``health``, ``counters``, ``drift``."""
+    kind: Kind = "node"
+    peer: str | None = None
+    """The other end of a link suspect."""
+    rank: int | None = None
+    gpu: str | None = None
+    """The GPU of a gpu suspect, e.g. ``GPU 3 (00000000:3B:00.0)``."""
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+    source: str = ""
+    """The test that found it (its node id)."""
+
+    @property
+    def drainable(self) -> bool:
+        return self.kind != "link"
+
+    def where(self) -> str:
+        if self.kind == "link":
+            return f"link {self.node} <-> {self.peer}"
+        if self.kind == "gpu" and self.gpu:
+            return f"{self.gpu} of {self.node}"
+        return f"node {self.node}" + (f" (rank {self.rank})" if self.rank is not None else "")
+
+    def line(self) -> str:
+        return f"{self.where()}: {self.reason}"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "node": self.node,
+            "kind": self.kind,
+            "check": self.check,
+            "reason": self.reason,
+            "evidence": dict(self.evidence),
+        }
+        for name in ("peer", "rank", "gpu"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        if self.source:
+            out["source"] = self.source
+        if self.drainable:
+            out["drain_command"] = drain_argv(self.node, self.reason)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Suspect:
+        return cls(
+            node=str(data["node"]),
+            reason=str(data["reason"]),
+            check=str(data.get("check", "")),
+            kind=data.get("kind", "node"),
+            peer=data.get("peer"),
+            rank=data.get("rank"),
+            gpu=data.get("gpu"),
+            evidence=dict(data.get("evidence") or {}),
+            source=str(data.get("source", "")),
+        )
+
+    def key(self) -> tuple[Any, ...]:
+        return (self.kind, self.node, self.peer, self.gpu, self.check, self.reason)
+
+
+def _check_node_name(node: str) -> str:
+    if not _NODE_NAME.fullmatch(node):
+        raise BurninError(
+            f"cannot build a drain command for node {node!r}: a Slurm node name is letters, digits, "
+            "'.', '_' and '-' (a list or range such as 'n[1-3]' would drain several nodes)"
+        )
+    return node
+
+
+def drain_argv(node: str, reason: str) -> list[str]:
+    """``["scontrol", "update", "NodeName=<node>", "State=DRAIN", "Reason=<reason>"]``."""
+    text = " ".join((REASON_PREFIX + reason).split())  # one line: newlines would end the reason
+    if len(text) > MAX_REASON:
+        text = text[: MAX_REASON - 3] + "..."
+    return ["scontrol", "update", f"NodeName={_check_node_name(node)}", "State=DRAIN", f"Reason={text}"]
+
+
+def drain_commands(suspects: Iterable[Suspect]) -> list[list[str]]:
+    """One drain command per suspect node (first the node's first reason, then how many more)."""
+    reasons: dict[str, list[str]] = {}
+    for suspect in suspects:
+        if suspect.drainable:
+            reasons.setdefault(suspect.node, [])
+            if suspect.reason not in reasons[suspect.node]:
+                reasons[suspect.node].append(suspect.reason)
+    commands = []
+    for node, texts in reasons.items():
+        more = f" (+{len(texts) - 1} more in suspects.json)" if len(texts) > 1 else ""
+        commands.append(drain_argv(node, texts[0] + more))
+    return commands
+
+
+def shell_line(argv: Sequence[str]) -> str:
+    """For people to copy: the argv quoted as one shell line (never executed as one)."""
+    return shlex.join(argv)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Any:
+    """pytest-xdist workers add to the same file: hold an exclusive flock while merging."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def read_suspects(path: Path) -> list[Suspect]:
+    """The suspects in ``path``; an absent file has none. A damaged one is an error naming it."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return []
+    except (OSError, json.JSONDecodeError) as exc:
+        raise BurninError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("suspects"), list):
+        raise BurninError(f"{path} has no 'suspects' list; it was not written by pytest-gpucluster")
+    try:
+        return [Suspect.from_json(item) for item in data["suspects"]]
+    except (KeyError, TypeError) as exc:
+        raise BurninError(f"{path}: a suspect entry lacks {exc}") from None
+
+
+def write_suspects(path: Path, suspects: Iterable[Suspect]) -> list[Suspect]:
+    """Add ``suspects`` to ``path`` (merged with what is there, duplicates dropped), atomically.
+
+    Returns every suspect now in the file. The file always exists afterwards, so an operator can
+    tell "no suspects" (an empty list) from "burn-in did not run" (no file).
+    """
+    with _locked(path):
+        merged = read_suspects(path)
+        seen = {s.key() for s in merged}
+        for suspect in suspects:
+            if suspect.key() not in seen:
+                merged.append(suspect)
+                seen.add(suspect.key())
+        payload = {
+            "schema_version": SCHEMA_VERSION,
+            "suspects": [s.to_json() for s in merged],
+            "drain_commands": drain_commands(merged),
+        }
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(payload, indent=1, default=str), encoding="utf-8")
+        os.replace(tmp, path)
+    return merged
+
+
+@dataclass(frozen=True, slots=True)
+class DrainOutcome:
+    argv: tuple[str, ...]
+    returncode: int | None
+    """None when the command could not be started (no scontrol here)."""
+    output: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def line(self) -> str:
+        if self.returncode is None:
+            return f"could not run {shell_line(self.argv)}: {self.output}"
+        status = "done" if self.ok else f"FAILED with exit code {self.returncode}"
+        tail = f": {self.output.strip()}" if self.output.strip() else ""
+        return f"{status}: {shell_line(self.argv)}{tail}"
+
+
+Runner = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def run_drain(
+    commands: Iterable[Sequence[str]], *, run: Runner = subprocess.run, timeout_s: float = 30.0
+) -> list[DrainOutcome]:
+    """Run each drain command (argv, no shell); one failing does not stop the others."""
+    outcomes = []
+    for argv in commands:
+        argv = tuple(argv)
+        try:
+            done = run(list(argv), capture_output=True, text=True, timeout=timeout_s, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            outcomes.append(DrainOutcome(argv, None, f"{type(exc).__name__}: {exc}"))
+            continue
+        outcomes.append(DrainOutcome(argv, done.returncode, (done.stdout or "") + (done.stderr or "")))
+    return outcomes

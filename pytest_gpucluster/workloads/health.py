@@ -1,0 +1,508 @@
+"""Rank side of the burn-in: this rank's own health numbers, its node's versions, and pair tests.
+
+Workloads (``pytest_gpucluster.workloads.health:<name>``):
+
+- ``health``   per rank: float32 matmul FLOP/s and memory bandwidth on the CPU; on a GPU also
+  dense bf16 matmul FLOP/s, device memory bandwidth and pinned host-to-device copy bandwidth,
+  NVML readings (ECC counts, retired pages, remapped rows, throttle reasons, temperature, power,
+  PCIe generation and width) and the node's XID events; an all_reduce among the ranks of each
+  node at once (the intra-node phase of the pairwise localization); and the version fingerprint.
+  A part that cannot run here is left out and its reason put under ``skipped`` (no NVML, no
+  GPU, ECC off...): the parent skips exactly those checks, with the reason.
+- ``counters`` only the ECC / retired-page / remapped-row counters and XID events, cheap enough
+  to read before and after the whole acceptance run.
+- ``pair_allreduce`` the timed all_reduce of one node-pair test.
+- ``pair_groups`` where nodes cannot be made: each rank stands for a node, and each pair of
+  ranks in ``pairs`` runs the pair test in its own subgroup, all pairs at once.
+
+Bandwidth conventions: a memory copy counts the bytes read plus the bytes written (STREAM's
+"copy"), a host-to-device copy the bytes moved. Times are medians over ``repeat`` timed spans.
+
+A synthetic straggler for the tests: ``inject_delay_s`` with ``inject_rank`` sleeps inside every
+timed iteration of that rank; ``slow_hosts: {host: seconds}`` does the same on every rank of
+those hosts (a slow node, keyed by hostname because node ranks are assigned at rendezvous);
+``slow_ranks: {"3": seconds}`` on single ranks (where each rank stands for a node).
+
+Like the rest of ``workloads/``, this runs inside a rank: standard library, torch and (lazily)
+pynvml only.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pytest_gpucluster.workloads._runtime import RankContext
+
+__all__ = [
+    "counters",
+    "health",
+    "pair_allreduce",
+    "pair_groups",
+    "parse_xid_lines",
+    "throttle_names",
+    "versions",
+]
+
+THROTTLE_REASONS: dict[int, str] = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+"""NVML's ``nvmlClocksThrottleReason*`` (``nvmlClocksEventReason*``) bits, from nvml.h."""
+
+_XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f:.]+)\): (?P<xid>\d+)")
+"""``NVRM: Xid (PCI:0000:3b:00): 79, ...``; old drivers wrote ``(0000:01:00)`` without ``PCI:``."""
+
+
+def throttle_names(mask: int) -> list[str]:
+    return [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
+
+
+def parse_xid_lines(text: str) -> list[dict[str, Any]]:
+    """``NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.`` lines of a kernel
+    log, each as ``{"pci": "0000:3b:00", "xid": 79, "line": ...}`` (the line kept for
+    telling a new event from one already seen: dmesg lines carry their timestamp)."""
+    events = []
+    for line in text.splitlines():
+        match = _XID.search(line)
+        if match:
+            events.append(
+                {"pci": match["pci"].lower(), "xid": int(match["xid"]), "line": line.strip()[-300:]}
+            )
+    return events
+
+
+def _delay(ctx: RankContext) -> float:
+    opts = ctx.options
+    slow = opts.get("slow_hosts") or {}
+    delay = float(slow.get(ctx.host, 0.0))
+    delay += float((opts.get("slow_ranks") or {}).get(str(ctx.rank), 0.0))
+    if opts.get("inject_rank") is not None and int(opts["inject_rank"]) == ctx.rank:
+        delay += float(opts.get("inject_delay_s", 0.0))
+    return delay
+
+
+def _timed(run: Callable[[], None], iters: int, repeat: int, sync: Callable[[], None], delay: float) -> float:
+    """Median seconds per call over ``repeat`` spans of ``iters`` calls (after one untimed call)."""
+    run()
+    sync()
+    spans = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(iters):
+            if delay:
+                time.sleep(delay)
+            run()
+        sync()
+        spans.append((time.perf_counter() - start) / iters)
+    return statistics.median(spans)
+
+
+# ----------------------------------------------------------------------------------- CPU part
+
+
+def _cpu(torch: Any, ctx: RankContext, delay: float) -> dict[str, Any]:
+    opts = ctx.options
+    n = int(opts.get("cpu_matmul_n", 512))
+    iters, repeat = int(opts.get("iters", 10)), int(opts.get("repeat", 3))
+    a = torch.rand(n, n, dtype=torch.float32)
+    b = torch.rand(n, n, dtype=torch.float32)
+    out = torch.empty(n, n, dtype=torch.float32)
+    matmul_s = _timed(lambda: torch.mm(a, b, out=out), iters, repeat, lambda: None, delay)
+    nbytes = int(opts.get("cpu_copy_bytes", 32 << 20))
+    src = torch.ones(nbytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    copy_s = _timed(lambda: dst.copy_(src), max(iters // 2, 1), repeat, lambda: None, delay)
+    return {
+        "threads": torch.get_num_threads(),
+        "matmul_n": n,
+        "matmul_s": matmul_s,
+        "matmul_flops": 2 * n**3 / matmul_s,
+        "copy_bytes": src.numel() * 4,
+        "memory_bandwidth": 2 * src.numel() * 4 / copy_s,
+    }
+
+
+# ----------------------------------------------------------------------------------- GPU part
+
+
+def _gpu_matmul(torch: Any, dev: Any, n: int, iters: int, repeat: int, delay: float) -> float:
+    a = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
+    b = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
+    out = torch.empty(n, n, dtype=torch.bfloat16, device=dev)
+    return _timed(lambda: torch.mm(a, b, out=out), iters, repeat, torch.cuda.synchronize, delay)
+
+
+def _gpu_copy(torch: Any, dev: Any, nbytes: int, iters: int, repeat: int, delay: float) -> float:
+    src = torch.empty(nbytes, dtype=torch.uint8, device=dev).fill_(1)
+    dst = torch.empty_like(src)
+    return _timed(lambda: dst.copy_(src), iters, repeat, torch.cuda.synchronize, delay)
+
+
+def _h2d_copy(torch: Any, dev: Any, nbytes: int, iters: int, repeat: int, delay: float) -> float:
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).fill_(1)
+    target = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    return _timed(lambda: target.copy_(host, non_blocking=True), iters, repeat, torch.cuda.synchronize, delay)
+
+
+def _gpu(torch: Any, ctx: RankContext, delay: float) -> dict[str, Any]:
+    opts = ctx.options
+    dev = torch.device(ctx.device)
+    n = int(opts.get("gpu_matmul_n", 8192))
+    iters, repeat = int(opts.get("gpu_iters", 20)), int(opts.get("repeat", 3))
+    nbytes = int(opts.get("gpu_copy_bytes", 1 << 30))
+    h2d_bytes = int(opts.get("h2d_bytes", 256 << 20))
+    matmul_s = _gpu_matmul(torch, dev, n, iters, repeat, delay)
+    copy_s = _gpu_copy(torch, dev, nbytes, iters, repeat, delay)
+    h2d_s = _h2d_copy(torch, dev, h2d_bytes, max(iters // 2, 1), repeat, delay)
+    torch.cuda.empty_cache()
+    return {
+        "name": torch.cuda.get_device_properties(dev).name,
+        "matmul_n": n,
+        "matmul_s": matmul_s,
+        "matmul_flops": 2 * n**3 / matmul_s,
+        "copy_bytes": nbytes,
+        "memory_bandwidth": 2 * nbytes / copy_s,
+        "h2d_bytes": h2d_bytes,
+        "h2d_bandwidth": h2d_bytes / h2d_s,
+    }
+
+
+def _nvml_handle(pynvml: Any, torch: Any, ctx: RankContext) -> tuple[Any, str]:
+    """This rank's GPU in NVML (whose indices ignore CUDA_VISIBLE_DEVICES): by PCI bus id."""
+    props = torch.cuda.get_device_properties(torch.device(ctx.device))
+    domain = getattr(props, "pci_domain_id", None)
+    bus = getattr(props, "pci_bus_id", None)
+    device = getattr(props, "pci_device_id", None)
+    if None not in (domain, bus, device):
+        bus_id = f"{domain:08X}:{bus:02X}:{device:02X}.0"
+        return pynvml.nvmlDeviceGetHandleByPciBusId(bus_id), bus_id
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    entries = [v.strip() for v in visible.split(",") if v.strip()]
+    index = torch.device(ctx.device).index or 0
+    if entries and entries[index].isdigit():
+        index = int(entries[index])
+    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    bus_id = pynvml.nvmlDeviceGetPciInfo(handle).busId
+    return handle, bus_id.decode() if isinstance(bus_id, bytes) else str(bus_id)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _read(readings: dict[str, Any], skipped: dict[str, str], name: str, call: Callable[[], Any]) -> None:
+    try:
+        readings[name] = call()
+    except Exception as exc:  # NVMLError_NotSupported on parts without the counter
+        skipped[name] = f"NVML cannot read {name} here: {type(exc).__name__}: {exc}"
+
+
+def _nvml_counters(pynvml: Any, handle: Any, skipped: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    ecc = pynvml.nvmlDeviceGetTotalEccErrors
+    # nvml.h: memory error type 0 corrected, 1 uncorrected; counter 0 volatile, 1 aggregate.
+    _read(out, skipped, "ecc_corrected_volatile", lambda: int(ecc(handle, 0, 0)))
+    _read(out, skipped, "ecc_uncorrected_volatile", lambda: int(ecc(handle, 1, 0)))
+    _read(out, skipped, "ecc_uncorrected_aggregate", lambda: int(ecc(handle, 1, 1)))
+    # Cause 0: multiple single-bit errors, 1: a double-bit error (pre-Ampere page retirement).
+    _read(
+        out,
+        skipped,
+        "retired_pages",
+        lambda: sum(len(pynvml.nvmlDeviceGetRetiredPages(handle, cause)) for cause in (0, 1)),
+    )
+
+    def remapped() -> dict[str, int]:
+        corr, unc, pending, failure = pynvml.nvmlDeviceGetRemappedRows(handle)
+        return {
+            "correctable": int(corr),
+            "uncorrectable": int(unc),
+            "pending": int(pending),
+            "failure": int(failure),
+        }
+
+    _read(out, skipped, "remapped_rows", remapped)
+    return out
+
+
+def _nvml(torch: Any, ctx: RankContext, full: bool) -> tuple[dict[str, Any], dict[str, str]]:
+    skipped: dict[str, str] = {}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle, bus_id = _nvml_handle(pynvml, torch, ctx)
+    except Exception as exc:
+        return {}, {"nvml": f"NVML is not usable on {ctx.host}: {type(exc).__name__}: {exc}"}
+    out: dict[str, Any] = {"pci_bus_id": bus_id.lower(), "gpu": f"GPU {ctx.local_rank} ({bus_id.lower()})"}
+    out.update(_nvml_counters(pynvml, handle, skipped))
+    if full:
+        _read(out, skipped, "temperature_c", lambda: float(pynvml.nvmlDeviceGetTemperature(handle, 0)))
+        _read(out, skipped, "power_w", lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0)
+        _read(out, skipped, "power_limit_w", lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0)
+        _read(out, skipped, "pcie_gen", lambda: int(pynvml.nvmlDeviceGetCurrPcieLinkGeneration(handle)))
+        _read(out, skipped, "pcie_width", lambda: int(pynvml.nvmlDeviceGetCurrPcieLinkWidth(handle)))
+        _read(out, skipped, "pcie_max_gen", lambda: int(pynvml.nvmlDeviceGetMaxPcieLinkGeneration(handle)))
+        _read(out, skipped, "pcie_max_width", lambda: int(pynvml.nvmlDeviceGetMaxPcieLinkWidth(handle)))
+        # Renamed "clocks event reasons" in newer NVML; the old name remains in older bindings.
+        reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        reasons = reasons or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        _read(out, skipped, "throttle_reasons", lambda: throttle_names(int(reasons(handle))))
+        _read(out, skipped, "vbios", lambda: _text(pynvml.nvmlDeviceGetVbiosVersion(handle)))
+    return out, skipped
+
+
+def _xid_events(ctx: RankContext) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """The node's XID events from the kernel log (needs permission to read it)."""
+    try:
+        done = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"cannot run dmesg on {ctx.host} to read XID events: {exc}"
+    if done.returncode != 0:
+        return None, f"dmesg failed on {ctx.host} (exit {done.returncode}): {done.stderr.strip()[:200]}"
+    return parse_xid_lines(done.stdout), None
+
+
+# ------------------------------------------------------------------------------ versions
+
+
+def _net_plugin() -> tuple[str | None, str | None]:
+    """The NCCL net plugin NCCL would load (``NCCL_NET_PLUGIN``, else ``libnccl-net.so`` on the
+    library path): its name, and the version its resolved file name carries (``.so.1.11.0``).
+    Best effort: NCCL's own log (``--nccl-log``) says for certain what it loaded."""
+    wanted = os.environ.get("NCCL_NET_PLUGIN")
+    names = [f"libnccl-net-{wanted}.so", f"libnccl-net{wanted}.so", wanted] if wanted else ["libnccl-net.so"]
+    for folder in filter(None, os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)):
+        for name in names:
+            path = Path(folder) / name
+            if path.exists():
+                real = Path(os.path.realpath(path)).name
+                stem, _, suffix = real.partition(".so")
+                version = suffix.lstrip(".") or None
+                return stem.removeprefix("lib"), version
+    return wanted or None, None
+
+
+def _ib_firmware() -> str | None:
+    root = Path("/sys/class/infiniband")
+    try:
+        devices = sorted(root.iterdir())
+    except OSError:
+        return None
+    parts = []
+    for dev in devices:
+        try:
+            parts.append(f"{dev.name}={(dev / 'fw_ver').read_text().strip()}")
+        except OSError:
+            continue
+    return ",".join(parts) or None
+
+
+def versions() -> dict[str, str | None]:
+    """This node's software and firmware versions (None where the thing is absent)."""
+    import torch
+    import torch.distributed as dist
+
+    plugin, plugin_version = _net_plugin()
+    out: dict[str, str | None] = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "cuda": torch.version.cuda,
+        "nccl": None,
+        "driver": None,
+        "cuda_driver": None,
+        "net_plugin": plugin,
+        "net_plugin_version": plugin_version,
+        "ib_firmware": _ib_firmware(),
+    }
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        nccl = torch.cuda.nccl.version()
+        out["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        out["driver"] = _text(pynvml.nvmlSystemGetDriverVersion())
+        code = int(pynvml.nvmlSystemGetCudaDriverVersion())
+        out["cuda_driver"] = f"{code // 1000}.{code % 1000 // 10}"
+    except Exception:
+        pass  # no NVIDIA driver here: driver and cuda_driver stay None
+    return out
+
+
+# ------------------------------------------------------------------------------ workloads
+
+
+def _set_threads(torch: Any, ctx: RankContext) -> None:
+    threads = ctx.options.get("threads")
+    torch.set_num_threads(int(threads) if threads else max(1, (os.cpu_count() or 1) // ctx.local_world_size))
+
+
+def _node_groups(ctx: RankContext) -> Any:
+    """A process group of the ranks of this rank's host (every rank creates every group)."""
+    import torch.distributed as dist
+
+    hosts: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(hosts, ctx.host)
+    mine = None
+    for host in sorted(set(hosts)):
+        group = dist.new_group([r for r, h in enumerate(hosts) if h == host])
+        if host == ctx.host:
+            mine = group
+    return mine, hosts.count(ctx.host)
+
+
+def _intra_node(torch: Any, ctx: RankContext, delay: float) -> tuple[dict[str, Any] | None, str | None]:
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return None, "no process group"
+    group, local = _node_groups(ctx)
+    if local < 2:
+        return None, f"{ctx.host} runs 1 rank, so there is no intra-node traffic to measure"
+    nbytes = int(ctx.options.get("intra_bytes", 4 << 20))
+    tensor = torch.ones(nbytes // 4, dtype=torch.float32, device=ctx.device)
+    sync = ctx.synchronize
+    per_call = _timed(lambda: dist.all_reduce(tensor, group=group), 5, 3, sync, delay)
+    slowest = torch.tensor([per_call], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+    t = float(slowest.item())
+    return {"ranks": local, "bytes": nbytes, "time_s": t, "busbw": nbytes / t * 2 * (local - 1) / local}, None
+
+
+def health(ctx: RankContext) -> dict[str, Any]:
+    """Every health number of this rank (see the module doc); parts that cannot run are skipped."""
+    import torch
+
+    _set_threads(torch, ctx)
+    delay = _delay(ctx)
+    skipped: dict[str, str] = {}
+    result: dict[str, Any] = {
+        "rank": ctx.rank,
+        "host": ctx.host,
+        "local_rank": ctx.local_rank,
+        "node_rank": ctx.node_rank,
+        "device": ctx.device,
+        "cpu": _cpu(torch, ctx, delay),
+    }
+    if ctx.is_cuda:
+        result["gpu"] = _gpu(torch, ctx, delay)
+        nvml, nvml_skipped = _nvml(torch, ctx, full=True)
+        result["nvml"] = nvml
+        skipped.update(nvml_skipped)
+        if ctx.local_rank == 0:
+            xids, why = _xid_events(ctx)
+            if xids is None:
+                skipped["xid"] = why or "unknown"
+            else:
+                result["xid_events"] = xids
+    else:
+        why = f"{ctx.host} has no CUDA device (torch {torch.__version__}, device {ctx.device})"
+        skipped.update(gpu=why, nvml=why, xid=why)
+    intra, why = _intra_node(torch, ctx, delay)
+    if intra is None:
+        skipped["intra_node"] = why or "unknown"
+    else:
+        result["intra_node"] = intra
+    result["versions"] = versions()
+    result["skipped"] = skipped
+    return result
+
+
+def counters(ctx: RankContext) -> dict[str, Any]:
+    """ECC, retired-page and remapped-row counters of this rank's GPU, and its node's XID events."""
+    import torch
+
+    result: dict[str, Any] = {"rank": ctx.rank, "host": ctx.host, "local_rank": ctx.local_rank}
+    if not ctx.is_cuda:
+        why = f"{ctx.host} has no CUDA device, so there are no ECC or XID counters to read"
+        result["skipped"] = {"nvml": why, "xid": why}
+        return result
+    nvml, skipped = _nvml(torch, ctx, full=False)
+    result["nvml"] = nvml
+    if ctx.local_rank == 0:
+        xids, why = _xid_events(ctx)
+        if xids is None:
+            skipped["xid"] = why or "unknown"
+        else:
+            result["xid_events"] = xids
+    result["skipped"] = skipped
+    return result
+
+
+def pair_allreduce(ctx: RankContext) -> dict[str, Any]:
+    """One pair test: ``iters`` all_reduce calls of ``size_bytes``; every rank returns the
+    slowest rank's time per call and the bus bandwidth it gives."""
+    import torch
+
+    _set_threads(torch, ctx)
+    t, nbytes = _timed_pair(torch, ctx, None, _delay(ctx))
+    n = ctx.world_size
+    return {
+        "rank": ctx.rank,
+        "host": ctx.host,
+        "nranks": n,
+        "size_bytes": nbytes,
+        "iters": int(ctx.options.get("iters", 10)),
+        "time_s": t,
+        "busbw": nbytes / t * 2 * (n - 1) / n,
+    }
+
+
+def _timed_pair(torch: Any, ctx: RankContext, group: Any, delay: float) -> tuple[float, int]:
+    """Seconds per all_reduce of the slowest rank of ``group`` (None: the world), and bytes."""
+    import torch.distributed as dist
+
+    opts = ctx.options
+    nbytes = int(opts.get("size_bytes", 4 << 20))
+    iters, warmup = int(opts.get("iters", 10)), int(opts.get("warmup", 2))
+    tensor = torch.ones(max(nbytes // 4, 1), dtype=torch.float32, device=ctx.device)
+    for _ in range(warmup):
+        dist.all_reduce(tensor, group=group)
+    ctx.synchronize()
+    dist.barrier(group=group)
+    start = time.perf_counter()
+    for _ in range(iters):
+        if delay:
+            time.sleep(delay)
+        dist.all_reduce(tensor, group=group)
+    ctx.synchronize()
+    slowest = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+    return float(slowest.item()), tensor.numel() * 4
+
+
+def pair_groups(ctx: RankContext) -> dict[str, Any]:
+    """Each pair ``[i, j]`` of ``options["pairs"]`` runs the pair test in its own subgroup."""
+    import torch
+    import torch.distributed as dist
+
+    _set_threads(torch, ctx)
+    pairs = [tuple(int(r) for r in pair) for pair in ctx.options.get("pairs") or []]
+    mine, mine_pair = None, None
+    for pair in pairs:  # every rank creates every group, in the same order
+        group = dist.new_group(list(pair))
+        if ctx.rank in pair:
+            mine, mine_pair = group, pair
+    out: dict[str, Any] = {"rank": ctx.rank, "host": ctx.host, "pair": mine_pair}
+    if mine is not None:
+        t, nbytes = _timed_pair(torch, ctx, mine, _delay(ctx))
+        out.update(time_s=t, size_bytes=nbytes, busbw=nbytes / t)  # 2 ranks: bus factor 2(n-1)/n = 1
+    dist.barrier()
+    return out
