@@ -23,6 +23,10 @@ and counts wrong elements. Inputs are small integers derived from (rank, index, 
 chosen per dtype and op so that every partial result is exact; the expected output is
 recomputed on each rank from the same formula. reduce is checked on the root only, and
 in-place alltoall/sendrecv report ``None`` (nccl-tests prints N/A there).
+
+``sweep_many(ctx)`` runs several sweeps (one per entry of ``options["sweeps"]``) in one job, so
+a test of every collective pays for one launch (torch import, rendezvous) instead of seven; a
+sweep the backend cannot run is reported as skipped and the others still run.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from pytest_gpucluster.metrics import COLLECTIVES, bus_factor
@@ -51,7 +55,7 @@ from pytest_gpucluster.workloads.sweep_points import (
     sweep_sizes,
 )
 
-__all__ = ["SweepOptions", "sweep"]
+__all__ = ["SweepOptions", "sweep", "sweep_many"]
 
 OPS = ("sum", "prod", "max", "min", "avg")
 _TORCH_OPS = {"sum": "SUM", "prod": "PRODUCT", "max": "MAX", "min": "MIN", "avg": "AVG"}
@@ -433,3 +437,24 @@ def sweep(ctx: RankContext) -> dict[str, Any]:
         "host": ctx.host,
         "rank": ctx.rank,
     }
+
+
+def sweep_many(ctx: RankContext) -> dict[str, Any]:
+    """Several sweeps in one job: ``options = {"sweeps": [<options of sweep>, ...]}``.
+
+    Returns ``{"sweeps": [...]}`` with, per entry and in order, :func:`sweep`'s value or
+    ``{"collective": ..., "skipped": reason}`` where the backend lacks that op or dtype (every
+    rank decides that alike, before any communication, so the ranks stay in step).
+    """
+    entries = ctx.options.get("sweeps")
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(
+            f"sweep_many needs options {{'sweeps': [<sweep options>, ...]}}, got {ctx.options!r}"
+        )
+    out: list[dict[str, Any]] = []
+    for options in entries:
+        try:
+            out.append(sweep(replace(ctx, options=dict(options))))
+        except WorkloadSkip as exc:
+            out.append({"collective": options.get("collective"), "skipped": str(exc), "rank": ctx.rank})
+    return {"sweeps": out, "rank": ctx.rank, "host": ctx.host, "nranks": ctx.world_size}
