@@ -1,10 +1,15 @@
 """Write a profile from a known-good run: every gated measurement becomes a threshold at a margin.
 
 ``gpucluster profiles derive RESULTS.json --name NAME --margin 10%`` reads a ``results.json``,
-maps each measurement that had a threshold back to the profile key it was gated against
-(:data:`RULES`, one row per metric family: add a row for a new metric), and writes a profile
-that ``extends:`` the run's own profile, so the cluster shape, NCCL environment and everything
-not measured carry over. Floors go ``margin`` below the measured value, ceilings ``margin``
+maps each measurement that had a threshold back to the profile key it was gated against, and
+writes a profile that ``extends:`` the run's own profile, so the cluster shape, NCCL environment
+and everything not measured carry over. The key comes from the measurement's ``source`` when
+it names one (``"profile cpu-local: collectives.checks[0].min_busbw"``, as the acceptance tests
+write it; any ``min_*``/``max_*`` key of a mapping section such as ``burnin:`` works, typed by
+the schema), else from the metric name through :data:`RULES` (one row per metric family: add
+a row for a new metric). Measurements that map to nothing (equality checks, inventory, a
+metric with no row) are listed in the file's header comment with why. A key gated at several
+points (one floor, several sizes or ranks) gets the most lenient of their thresholds. Floors go ``margin`` below the measured value, ceilings ``margin``
 above; every threshold line carries a comment with the run, its date, fingerprint and the
 measured value. With ``--from-baseline`` and several results files, the value is the median
 across runs (a fleet baseline, as SuperBench's ``generate-baseline`` does).
