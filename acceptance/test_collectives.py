@@ -42,7 +42,7 @@ from pytest_gpucluster.collective_checks import (
     points_from_runs,
     scope_nodes,
 )
-from pytest_gpucluster.errors import GpuClusterError
+from pytest_gpucluster.errors import GpuClusterError, JobFailed
 from pytest_gpucluster.launch.result import JobSkipped
 from pytest_gpucluster.nccl_tests_runner import binary_path, build_command, run_command
 from pytest_gpucluster.plugin import get_session
@@ -98,15 +98,21 @@ class _Jobs:
         if nodes not in self.done:
             try:
                 self.done[nodes] = self._run(nodes)
-            except (GpuClusterError, pytest.skip.Exception) as exc:
+            except (Exception, pytest.skip.Exception) as exc:
                 self.done[nodes] = exc
+                if not isinstance(exc, (JobSkipped, pytest.skip.Exception)):
+                    raise  # the first test shows the whole story (traceback included)
         outcome = self.done[nodes]
         if isinstance(outcome, pytest.skip.Exception):
             pytest.skip(outcome.msg)
         if isinstance(outcome, JobSkipped):
             pytest.skip(str(outcome))
+        if isinstance(outcome, GpuClusterError):
+            raise type(outcome)(str(outcome))  # the same report in every test that needed the job
         if isinstance(outcome, BaseException):
-            raise type(outcome)(str(outcome))  # a fresh one per test: the same report for each
+            raise JobFailed(
+                f"the sweep job on {nodes} node(s) failed in an earlier test: {type(outcome).__name__}: {outcome}"
+            )
         return outcome
 
     def _run(self, nodes: int) -> tuple[dict[str, CollectiveData], str]:

@@ -187,3 +187,65 @@ def test_nccl_tests_binaries_are_gated_by_the_profile(run, tmp_path, monkeypatch
         == 2
     )
     assert len(calls) == 4  # repeat 2 x 2 checks, run directly with -g 2 (one local node)
+
+
+FAILING_CLUSTER = """
+import pytest
+from pytest_gpucluster.errors import JobFailed
+from pytest_gpucluster.launch.result import JobSkipped
+
+CALLS = []
+
+
+class FakeJob:
+    job_id, job_dir = "collectives-1node-x", "jobs/collectives-1node-x"
+
+    @property
+    def values(self):
+        raise {error}
+
+
+class FakeCluster:
+    def run(self, workload, **kwargs):
+        CALLS.append(workload)
+        with open("calls.txt", "a") as out:
+            out.write(workload + "\\n")
+        return FakeJob()
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    return FakeCluster()
+"""
+
+
+@pytest.mark.parametrize(
+    ("error", "outcomes", "shown"),
+    [
+        (
+            'JobFailed("job collectives-1node-x failed (1 of 2 ranks failed)\\nrank 1 on node7 raised OSError")',
+            {"failed": 7, "skipped": 1},
+            "rank 1 on node7 raised OSError",
+        ),
+        (
+            'JobSkipped("job collectives-1node-x skipped on ranks 0, 1: no CUDA device")',
+            {"skipped": 8},
+            "no CUDA device",
+        ),
+    ],
+    ids=["failed", "skipped"],
+)
+def test_a_failed_or_skipped_sweep_job_is_launched_once_and_reported_by_every_test(
+    run, pytester, error, outcomes, shown
+):
+    pytester.makeconftest(FAILING_CLUSTER.format(error=error))
+    result = run("--hw=cpu-local")
+    result.assert_outcomes(**outcomes)
+    assert (pytester.path / "calls.txt").read_text().splitlines() == [
+        "pytest_gpucluster.workloads.collectives:sweep_many"
+    ]
+    text = result.stdout.str()
+    if "failed" in outcomes:  # each test shows the job's report
+        assert text.count(shown) >= 7
+    else:  # -rs groups the 7 identical reasons
+        assert any(line.startswith("SKIPPED [7]") and shown in line for line in result.stdout.lines)
