@@ -67,7 +67,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("case", params)
     if "nccl_case" in metafunc.fixturenames:
         checked = [c for c in cases(profile.collectives) if c.checks]
-        params = [pytest.param(c, id=c.id) for c in checked] or [
+        gpu = [pytest.mark.gpucluster(needs=["cuda"])] if profile.cluster.device == "cuda" else []
+        params = [pytest.param(c, id=c.id, marks=gpu) for c in checked] or [
             pytest.param(
                 None,
                 id="no-checks",

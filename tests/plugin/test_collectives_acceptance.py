@@ -150,7 +150,12 @@ def test_nccl_tests_binaries_are_gated_by_the_profile(run, tmp_path, monkeypatch
     all_reduce check passes, the broadcast one (200 GB/s wanted) fails naming nccl-tests."""
     monkeypatch.setattr(
         "pytest_gpucluster.session.detect_machine",
-        lambda: MachineInfo(hostname="testhost", cuda_available=False, gpu_names=("NVIDIA H100",) * 2),
+        lambda: MachineInfo(
+            hostname="testhost",
+            cuda_available=False,  # keeps the fingerprint from importing torch to read CUDA versions
+            gpu_names=("NVIDIA H100",) * 2,
+            capabilities=frozenset({"cuda", "nccl"}),
+        ),
     )
     binaries = tmp_path / "nccl-tests"
     binaries.mkdir()
