@@ -65,7 +65,12 @@ class Straggler:
     def sentence(self, what: str, unit: str, tolerance: float, higher_is_better: bool = False) -> str:
         s = self.sample
         where = s.key if s.host is None or s.host in s.key else f"{s.key} on {s.host}"
-        pct = "" if self.excess == float("inf") else f"{self.excess:.0%} slower, "
+        if self.excess == float("inf"):
+            pct = ""
+        elif self.excess >= 9:  # "286731% slower" reads worse than "2868x as slow"
+            pct = f"{self.excess + 1:.0f}x as slow, "
+        else:
+            pct = f"{self.excess:.0%} slower, "
         return (
             f"{where}: {what} {format_value(s.value, unit)}, the median of its peers "
             f"{format_value(self.reference, unit)} ({pct}tolerance {tolerance:.0%})"

@@ -1,0 +1,178 @@
+"""Judging the health job: readings against the profile's burnin: section, ECC/XID counter increases,
+and the XID reader on recorded kernel logs."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_gpucluster.burnin.health import (
+    counter_increases,
+    cpu_readings,
+    gpu_readings,
+    intra_node_samples,
+    skip_reasons,
+)
+from pytest_gpucluster.profiles.schema import BurninSection
+from pytest_gpucluster.workloads.health import parse_xid_lines, throttle_names
+
+DATA = Path(__file__).parents[1] / "data"
+
+
+def _vm() -> list[dict]:
+    return json.loads((DATA / "burnin" / "cpu_vm_health_2ranks.json").read_text())
+
+
+def _kernel_log(name: str) -> str:
+    return (DATA / "kernel_logs" / name).read_text()
+
+
+def _gpu_rank(rank: int, bus: str, **nvml: object) -> dict:
+    """A GPU rank's value in the shape workloads.health writes (no GPU recording exists here)."""
+    base = {
+        "pci_bus_id": bus,
+        "gpu": f"GPU {rank} ({bus})",
+        "ecc_corrected_volatile": 0,
+        "ecc_uncorrected_volatile": 0,
+        "ecc_uncorrected_aggregate": 0,
+        "remapped_rows": {"correctable": 0, "uncorrectable": 0, "pending": 0, "failure": 0},
+        "temperature_c": 41.0,
+        "power_w": 120.5,
+        "pcie_gen": 5,
+        "pcie_width": 16,
+        "throttle_reasons": ["gpu_idle"],
+    }
+    return {
+        "rank": rank,
+        "local_rank": rank,
+        "host": "gpu-node-1",
+        "gpu": {"matmul_flops": 700e12, "memory_bandwidth": 2.9e12, "h2d_bandwidth": 50e9},
+        "nvml": {**base, **nvml},
+    }
+
+
+def test_cpu_readings_of_a_recorded_run_are_recorded_without_floors():
+    readings = cpu_readings(_vm(), BurninSection())
+    assert [(r.metric, r.rank, r.host) for r in readings] == [
+        ("burnin.cpu_matmul", 0, "vm"),
+        ("burnin.cpu_memory_bandwidth", 0, "vm"),
+        ("burnin.cpu_matmul", 1, "vm"),
+        ("burnin.cpu_memory_bandwidth", 1, "vm"),
+    ]
+    assert all(r.threshold is None and not r.failed for r in readings)
+    assert readings[0].value == pytest.approx(28570620768.7, rel=1e-6)  # 2 * 512**3 / 9.3955 ms
+
+
+def test_a_cpu_floor_fails_the_rank_below_it_and_names_it():
+    section = BurninSection(min_cpu_matmul="30GFLOP/s", min_cpu_memory_bandwidth="1GB/s")
+    failed = [r for r in cpu_readings(_vm(), section) if r.failed]
+    assert [(r.metric, r.rank) for r in failed] == [("burnin.cpu_matmul", 0)]
+    suspect = failed[0].suspect()
+    assert (suspect.node, suspect.rank, suspect.kind, suspect.check) == ("vm", 0, "node", "health")
+    assert suspect.reason == (
+        "rank 0 on vm: CPU float32 matmul 0.02857 TFLOP/s, expected at least 0.03 TFLOP/s (burnin.min_cpu_matmul)"
+    )
+    assert failed[0].all_labels() == {"host": "vm", "rank": 0}
+
+
+def test_gpu_readings_gate_each_gpu_and_name_it():
+    section = BurninSection(
+        min_matmul="600TFLOP/s", max_temperature=85, min_pcie_gen=5, min_pcie_width=16, max_retired_pages=0
+    )
+    hot = _gpu_rank(1, "00000000:3b:00.0", temperature_c=91.0, pcie_width=8)
+    readings = gpu_readings([_gpu_rank(0, "00000000:1b:00.0"), hot], section)
+    failed = [r for r in readings if r.failed]
+    assert [(r.metric, r.gpu) for r in failed] == [
+        ("burnin.gpu_temperature", "GPU 1 (00000000:3b:00.0)"),
+        ("burnin.pcie_width", "GPU 1 (00000000:3b:00.0)"),
+    ]
+    assert failed[0].sentence() == (
+        "GPU 1 (00000000:3b:00.0) of gpu-node-1: temperature 91 C, expected at most 85 C (burnin.max_temperature)"
+    )
+    assert failed[0].suspect().kind == "gpu"
+    # An unset threshold is recorded, not gated; the row-remap failure flag is always gated.
+    by_metric = {r.metric: r for r in readings if r.rank == 0}
+    assert by_metric["burnin.gpu_power"].threshold is None
+    assert by_metric["burnin.row_remap_failure"].threshold == 0.0
+
+
+def test_forbidden_throttle_reasons_fail_with_their_names():
+    throttled = _gpu_rank(0, "00000000:1b:00.0", throttle_reasons=["sw_power_cap", "hw_thermal_slowdown"])
+    [reading] = [r for r in gpu_readings([throttled], BurninSection()) if r.metric == "burnin.throttle"]
+    assert reading.failed and reading.value == 1.0 and reading.detail == "hw_thermal_slowdown"
+    idle = [r for r in gpu_readings([_gpu_rank(0, "x")], BurninSection()) if r.metric == "burnin.throttle"]
+    assert not idle[0].failed and idle[0].detail == "active: gpu_idle"
+
+
+def test_throttle_bits_are_named():
+    assert throttle_names(0x1 | 0x40 | 0x80) == ["gpu_idle", "hw_thermal_slowdown", "hw_power_brake_slowdown"]
+    assert throttle_names(0) == []
+
+
+def test_a_cpu_run_has_no_gpu_readings_and_says_why():
+    assert gpu_readings(_vm(), BurninSection()) == []
+    assert skip_reasons(_vm(), "nvml") == ["vm has no CUDA device (torch 2.13.0+cpu, device cpu)"]
+    assert skip_reasons(_vm(), "intra_node") == []
+
+
+def test_intra_node_busbw_per_host():
+    assert intra_node_samples(_vm()) == {"vm": pytest.approx(791918679.89)}
+
+
+@pytest.mark.parametrize(
+    ("name", "events"),
+    [
+        ("xid_13_109_dmesg_ctime_gpud46.log", [("0000:cb:00", 13)] * 3 + [("0000:cb:00", 109)]),
+        (
+            "xid_45_four_gpus_journal_ogkm1150.log",
+            [(f"0000:{b}:00", 45) for b in ("dc", "ed", "ba", "97", "dc", "ba", "ed", "97")],
+        ),
+        ("xid_old_no_pci_prefix_bumblebee329.log", [("0000:01:00", 16)] * 8 + [("0000:01:00", 8)]),
+    ],
+)
+def test_xid_events_are_read_from_recorded_kernel_logs(name, events):
+    parsed = parse_xid_lines(_kernel_log(name))
+    assert [(e["pci"], e["xid"]) for e in parsed] == events
+    # "caused by previous Xid 149" is text, not an event; no line outside the NVRM Xid ones is read.
+    assert all("NVRM: Xid" in e["line"] for e in parsed)
+
+
+def test_an_ecc_counter_that_rises_names_the_gpu():
+    before = [_gpu_rank(0, "00000000:1b:00.0"), _gpu_rank(1, "00000000:3b:00.0")]
+    after = copy.deepcopy(before)
+    after[1]["nvml"]["ecc_uncorrected_volatile"] = 2
+    after[1]["nvml"]["remapped_rows"]["uncorrectable"] = 1
+    suspects = counter_increases(before, after)
+    assert [(s.node, s.gpu, s.reason) for s in suspects] == [
+        (
+            "gpu-node-1",
+            "GPU 1 (00000000:3b:00.0)",
+            "uncorrected ECC errors (volatile) rose from 0 to 2 during the run",
+        ),
+        (
+            "gpu-node-1",
+            "GPU 1 (00000000:3b:00.0)",
+            "uncorrectable remapped rows rose from 0 to 1 during the run",
+        ),
+    ]
+    assert counter_increases(before, before) == []
+
+
+def test_new_xid_events_are_matched_to_their_gpu_by_pci_address():
+    lines = _kernel_log("xid_45_four_gpus_journal_ogkm1150.log").splitlines()
+    gpus = [_gpu_rank(i, f"00000000:{b.upper()}:00.0") for i, b in enumerate(("97", "ba", "dc", "ed"))]
+    before = copy.deepcopy(gpus)
+    before[0]["xid_events"] = parse_xid_lines("\n".join(lines[:4]))
+    after = copy.deepcopy(gpus)
+    after[0]["xid_events"] = parse_xid_lines("\n".join(lines))
+    suspects = counter_increases(before, after)
+    assert [(s.gpu, s.evidence["xid"]) for s in suspects] == [
+        ("GPU 2 (00000000:DC:00.0)", 45),
+        ("GPU 1 (00000000:BA:00.0)", 45),
+        ("GPU 3 (00000000:ED:00.0)", 45),
+        ("GPU 0 (00000000:97:00.0)", 45),
+    ]
+    assert suspects[0].reason.startswith("XID 45 during the run: kernel: NVRM: Xid (PCI:0000:dc:00): 45")
