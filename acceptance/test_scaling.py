@@ -11,7 +11,8 @@ with throughput the whole job's samples/s (``metrics.scaling_efficiency``). Seed
 96% from 2 to 4 nodes and 93% from 4 to 8. Each count's throughput is recorded
 (``scaling.samples_per_s``), then the efficiency against ``min_efficiency``. A count that
 ``test_sft.py`` already trained (the case at its own size) is reused, not launched again.
-A step needing more nodes than the cluster has skips saying so.
+A step needing more nodes than the cluster has skips saying so. ``--train-log`` does not change
+this test: a log of one job cannot tell how throughput scales.
 """
 
 from __future__ import annotations
