@@ -94,12 +94,14 @@ def test_derived_profile_gates_every_measured_threshold_at_the_margin(cpu_run, t
     assert profile.chain[1] == shipped_thresholds_dir() / "cpu-local.yaml"
     assert profile.model.cluster.backend == "gloo"  # carried over through extends
     checks = {(c.collective, c.size): c for c in profile.model.collectives.checks}
-    assert set(checks) == {("all_reduce", 16 * 2**20), ("all_reduce", 1024), ("all_gather", 4 * 2**20)}
+    measured = {("all_reduce", 16 * 2**20), ("all_reduce", 1024), ("all_gather", 4 * 2**20)}
+    parents = {(c.collective, c.size) for c in load_profile("cpu-local").model.collectives.checks}
+    assert set(checks) == measured | parents  # the parent's unmeasured checks are kept
     assert checks["all_reduce", 16 * 2**20].min_busbw == pytest.approx(1.11e9)  # 1.2345 x 0.9, rounded down
     assert checks["all_reduce", 1024].max_latency == pytest.approx(495e-6)  # 450 us x 1.1
     assert checks["all_gather", 4 * 2**20].min_busbw == pytest.approx(0.81e9)
     assert all(
-        c.source.startswith("derived from results.json of 2026-01-01 00:00 UTC") for c in checks.values()
+        checks[k].source.startswith("derived from results.json of 2026-01-01 00:00 UTC") for k in measured
     )
     assert profile.warnings == ()
 
@@ -146,7 +148,8 @@ def test_several_runs_need_from_baseline_and_give_the_median(tmp_path):
     derive_files(runs, name="fleet", margin_text="10%", from_baseline=True, out=out, echo=lambda _: None)
     measured, kept = load_profile(str(out)).model.collectives.checks
     assert measured.min_busbw == pytest.approx(0.99e9)  # median 1.1 GB/s x 0.9
-    assert (kept.size, kept.max_latency) == (1024, pytest.approx(3e-3))  # not measured: the parent's
+    parent = load_profile("cpu-local").model.collectives.checks[1]
+    assert (kept.size, kept.max_latency) == (parent.size, pytest.approx(parent.max_latency))  # the parent's
     text = out.read_text()
     assert "median 1.1GB/s of 3 runs (1GB/s, 1.3GB/s, 1.1GB/s)" in text
     assert text.count("# Source run:") == 3
@@ -370,9 +373,10 @@ def test_a_source_naming_the_gated_key_maps_any_metric_name(tmp_path):
     run = _record(tmp_path / "results.json", "cpu-local", point)
     out = tmp_path / "s.yaml"
     derive_files([run], name="s", margin_text="20%", from_baseline=False, out=out, echo=lambda _: None)
-    busbw, latency = load_profile(str(out)).model.collectives.checks
-    assert (busbw.size, busbw.min_busbw) == (16 * 2**20, pytest.approx(1.6e9))
-    assert (latency.size, latency.max_latency) == (1024, pytest.approx(1.2e-3))
+    busbw, latency = load_profile(str(out)).model.collectives.checks[:2]
+    parent = load_profile("cpu-local").model.collectives.checks
+    assert (busbw.size, busbw.min_busbw) == (parent[0].size, pytest.approx(1.6e9))
+    assert (latency.size, latency.max_latency) == (parent[1].size, pytest.approx(1.2e-3))
 
 
 # --------------------------------------------------------------------------------------------
