@@ -154,15 +154,17 @@ def _nodes(session) -> int:
     return session.available_nodes
 
 
-def _gate(results, readings: Sequence[Reading], suspects: Suspects, source: str) -> None:
+def _gate(results, readings: Sequence[Reading], suspects: Suspects, source: str, profile: str) -> None:
     """Every reading recorded; the failures reported together, each GPU or rank named."""
     __tracebackhide__ = True
     failures: list[str] = []
     for r in readings:
+        # "profile NAME: burnin.min_x" lets `gpucluster profiles derive` map the value to its key.
+        key = f"profile {profile}: {r.source}" if r.source and r.source.startswith("burnin.") else r.source
         try:
             results.check(
                 r.metric, r.value, r.threshold, unit=r.unit, comparison=r.comparison,
-                labels=r.all_labels(), source=r.source,
+                labels=r.all_labels(), source=key,
             )  # fmt: skip
         except ThresholdFailure:
             failures.append(r.sentence())
@@ -224,7 +226,7 @@ def test_rank_health_cpu(health_values, hw, results, burnin_suspects, request) -
     """Each rank's float32 matmul FLOP/s and memory copy bandwidth, against burnin.min_cpu_*."""
     readings = cpu_readings(health_values, hw.burnin)
     assert readings, "the health job returned no CPU numbers"
-    _gate(results, readings, burnin_suspects, request.node.nodeid)
+    _gate(results, readings, burnin_suspects, request.node.nodeid, hw.name)
 
 
 def test_gpu_health(health_values, hw, results, burnin_suspects, request) -> None:
@@ -233,7 +235,7 @@ def test_gpu_health(health_values, hw, results, burnin_suspects, request) -> Non
     if not readings:
         reasons = skip_reasons(health_values, "gpu") + skip_reasons(health_values, "nvml")
         pytest.skip(_reasons(list(dict.fromkeys(reasons))) or "no GPU reading came back")
-    _gate(results, readings, burnin_suspects, request.node.nodeid)
+    _gate(results, readings, burnin_suspects, request.node.nodeid, hw.name)
 
 
 def test_health_stragglers(health_values, hw, results, burnin_suspects, request) -> None:
