@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +43,14 @@ class LoadedProfile:
         return self.model.name
 
 
-def shipped_thresholds_dir() -> Path:
-    """The shipped profiles: ``thresholds/`` in a checkout, the package data in a wheel."""
-    checkout = Path(__file__).resolve().parents[2] / "thresholds"
-    if checkout.is_dir():
-        return checkout
-    return Path(str(resources.files("pytest_gpucluster.thresholds")))
+def shipped_thresholds_dir(package_dir: Path | None = None) -> Path:
+    """The shipped profiles: ``pytest_gpucluster/thresholds`` in an installed wheel, the top-level
+    ``thresholds/`` in a checkout (and an editable install)."""
+    package_dir = package_dir or Path(__file__).resolve().parents[1]
+    installed = package_dir / "thresholds"
+    if installed.is_dir():
+        return installed
+    return package_dir.parent / "thresholds"
 
 
 def _search_dirs(extra: Iterable[Path]) -> list[Path]:

@@ -152,3 +152,14 @@ def test_documented_example_validates(tmp_path):
     profile = load_profile(str(path))
     assert profile.model.cluster.gpu_model == "H100"  # from dgx-h100-ib through extends
     assert profile.model.collectives.checks[2].max_latency == pytest.approx(40e-6)
+
+
+def test_shipped_profiles_found_in_a_wheel_layout_and_a_checkout(tmp_path):
+    from pytest_gpucluster.profiles.loader import shipped_thresholds_dir
+
+    checkout_pkg = tmp_path / "checkout" / "pytest_gpucluster"
+    checkout_pkg.mkdir(parents=True)
+    assert shipped_thresholds_dir(checkout_pkg) == tmp_path / "checkout" / "thresholds"
+    wheel_pkg = tmp_path / "site-packages" / "pytest_gpucluster"
+    (wheel_pkg / "thresholds").mkdir(parents=True)
+    assert shipped_thresholds_dir(wheel_pkg) == wheel_pkg / "thresholds"
