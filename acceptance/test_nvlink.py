@@ -31,6 +31,7 @@ The NVLink-specific tests skip, naming the missing capability, on machines witho
 
 from __future__ import annotations
 
+import os
 import statistics
 from typing import Any
 
@@ -381,9 +382,11 @@ def test_speedup(speedup_path: str, hw, cluster, nccl_env, results) -> None:
         )
     else:
         comparison = _speedup_cpu(hw, cluster, sizes)
+        load, cpus = os.getloadavg()[0], os.cpu_count() or 1
         advice = (
             "A ratio near 1 means DeepSpeed's shared-memory all_reduce is no faster than gloo over loopback "
-            "TCP: usually other processes competing for the CPUs (the shm path spins while it waits)."
+            "TCP: usually other processes competing for the CPUs (the shm path spins while it waits); "
+            f"the 1-minute load average after the job was {load:.1f} on {cpus} CPUs."
         )
     for point in comparison.points:
         for side, busbw, spread in (

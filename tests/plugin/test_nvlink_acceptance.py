@@ -222,6 +222,7 @@ def test_cpu_local_skips_nvlink_tests_naming_the_capability_and_gates_the_real_s
             "*nvlink.speedup [[]intra-node[]] (size_bytes=1048576, pair=shm/gloo): "
             f"measured {format_value(speedup['value'], 'x')}, expected at least 1000 x "
             "(threshold from profile cpu-local-impossible: nvlink.min_speedup)*"
+            "the 1-minute load average after the job was * on * CPUs."
         ]
     )
     data = json.loads((tmp_path / "res" / "results.json").read_text())
