@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -104,3 +105,29 @@ def results(gpucluster_session: GpuClusterSession, request: pytest.FixtureReques
     """The recorder: ``results.check(metric, value, threshold, unit=..., scope=..., labels=...)``."""
     gpucluster_session.recorder.current_test = request.node.nodeid
     return gpucluster_session.recorder
+
+
+@pytest.fixture
+def local_devices(
+    gpucluster_session: GpuClusterSession, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[list[int]]:
+    """GPU indices a single-device test may use in the pytest process itself.
+
+    Under pytest-xdist each worker owns its slice of the node's GPUs: ``CUDA_VISIBLE_DEVICES`` is set
+    for this test only (multi-rank jobs launched later still see every device), and the node's device
+    lock is held shared, so single-device tests run side by side but never beside a multi-rank job.
+    Without xdist the test gets every GPU; on a machine without GPUs, an empty list.
+    """
+    from pytest_gpucluster.launch.xdist import WORKER_ENV, cuda_visible_devices, launch_lock, under_xdist
+
+    gpus = gpucluster_session.machine.gpu_count
+    if not under_xdist() or gpus == 0:
+        yield list(range(gpus))
+        return
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    visible = cuda_visible_devices(
+        os.environ[WORKER_ENV], workers, gpus, inherited=os.environ.get("CUDA_VISIBLE_DEVICES")
+    )
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    with launch_lock(gpucluster_session.results_dir / "jobs", exclusive=False):
+        yield list(range(len(visible.split(","))))
