@@ -9,8 +9,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import json
 import socket
 import stat
@@ -25,14 +23,6 @@ from pytest_gpucluster.profiles.detect import MachineInfo
 REPO = Path(__file__).resolve().parents[2]
 ACCEPTANCE = REPO / "acceptance" / "test_collectives.py"
 CPU_LOCAL = REPO / "thresholds" / "cpu-local.yaml"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _import_once() -> None:
-    """pytester's in-process runs drop the modules first imported inside them (see test_nccl_acceptance)."""
-    for name in ("matplotlib.figure", "matplotlib.ticker", "matplotlib.backends.backend_agg", "hypothesis"):
-        with contextlib.suppress(ImportError):
-            importlib.import_module(name)
 
 
 @pytest.fixture

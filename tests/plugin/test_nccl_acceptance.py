@@ -3,8 +3,6 @@ variant skips without NCCL and, with a stand-in cluster, reads every rank's log;
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import json
 import shutil
 from pathlib import Path
@@ -71,15 +69,6 @@ class FakeCluster:
 def cluster():
     return FakeCluster()
 """
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _import_once() -> None:
-    """pytester's in-process runs drop the modules first imported inside them, so every run would import
-    matplotlib (the report's plots) and hypothesis (its pytest plugin's summary) again, seconds each."""
-    for name in ("matplotlib.figure", "matplotlib.ticker", "matplotlib.backends.backend_agg", "hypothesis"):
-        with contextlib.suppress(ImportError):
-            importlib.import_module(name)
 
 
 @pytest.fixture

@@ -9,8 +9,6 @@ and, on a degraded one, every failure names the pair, link or GPU at fault.
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import json
 import os
 from pathlib import Path
@@ -163,14 +161,6 @@ nvlink:
   speedup_sizes: [1MiB]
   min_speedup: 1000
 """
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _import_once() -> None:
-    """pytester's in-process runs drop the modules first imported inside them; import the slow ones once."""
-    for name in ("matplotlib.figure", "matplotlib.ticker", "matplotlib.backends.backend_agg", "hypothesis"):
-        with contextlib.suppress(ImportError):
-            importlib.import_module(name)
 
 
 @pytest.fixture

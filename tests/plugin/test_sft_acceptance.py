@@ -5,8 +5,6 @@ ceiling is below what the ranks use."""
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import json
 import os
 from pathlib import Path
@@ -177,14 +175,6 @@ def test_log_checks_answer_what_a_log_can():
 # --------------------------------------------------------------------------------------------
 # whole runs
 # --------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _import_once() -> None:
-    """pytester's in-process runs drop the modules first imported inside them; import the slow ones once."""
-    for name in ("matplotlib.figure", "matplotlib.ticker", "matplotlib.backends.backend_agg", "hypothesis"):
-        with contextlib.suppress(ImportError):
-            importlib.import_module(name)
 
 
 @pytest.fixture
