@@ -47,11 +47,11 @@ from pytest_gpucluster.comparison import (
 )
 from pytest_gpucluster.errors import ParseError
 from pytest_gpucluster.launch.result import JobSkipped
+from pytest_gpucluster.maths.sweep import summarize_sweep
 from pytest_gpucluster.parsers.nvidia_topo import parse_topo_text, topology_mismatches
 from pytest_gpucluster.plugin import get_session
 from pytest_gpucluster.profiles.schema import NvlinkSection
 from pytest_gpucluster.results.recorder import ThresholdFailure, format_value
-from pytest_gpucluster.workloads.sweep_points import summarize_sweep
 
 INVENTORY = "pytest_gpucluster.workloads.nvlink_probe:inventory"
 TRAFFIC = "pytest_gpucluster.workloads.nvlink_probe:traffic"

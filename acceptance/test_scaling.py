@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from pytest_gpucluster.launch.result import JobSkipped
-from pytest_gpucluster.metrics import scaling_efficiency
+from pytest_gpucluster.maths.metrics import scaling_efficiency
 from pytest_gpucluster.plugin import get_session
 from pytest_gpucluster.sft_cases import (
     Check,

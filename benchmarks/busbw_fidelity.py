@@ -143,7 +143,7 @@ def _launch(job_dir: Path, options: dict[str, Any], nproc: int, timeout_s: float
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO))
-    from pytest_gpucluster.workloads.sweep_points import parse_size, summarize_sweep
+    from pytest_gpucluster.maths.sweep import parse_size, summarize_sweep
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)

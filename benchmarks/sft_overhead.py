@@ -62,14 +62,15 @@ def plain_deepspeed_loop(
     import torch
     import transformers
 
+    from pytest_gpucluster.maths.shapes import get_shape
     from pytest_gpucluster.workloads import sft_data
-    from pytest_gpucluster.workloads.model_shapes import get_shape
+    from pytest_gpucluster.workloads.sft_model import llama_config
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
     torch.manual_seed(1234)
     with torch.device(device):
         model = transformers.LlamaForCausalLM._from_config(
-            get_shape(args.model).llama_config(), dtype=dtype, attn_implementation="sdpa"
+            llama_config(get_shape(args.model)), dtype=dtype, attn_implementation="sdpa"
         )
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": args.micro_batch,

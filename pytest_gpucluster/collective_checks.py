@@ -26,17 +26,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_gpucluster.errors import JobFailed, ProfileError
-from pytest_gpucluster.metrics import COLLECTIVES, summarize
-from pytest_gpucluster.parsers.nccl_tests import Run
-from pytest_gpucluster.profiles.schema import CollectiveCheck, CollectivesSection, SweepSettings
-from pytest_gpucluster.results.model import Spread
-from pytest_gpucluster.workloads.sweep_points import (
+from pytest_gpucluster.maths.metrics import COLLECTIVES, summarize
+from pytest_gpucluster.maths.sweep import (
     DTYPE_SIZES,
     Point,
     layout,
     summarize_sweep,
     sweep_sizes,
 )
+from pytest_gpucluster.parsers.nccl_tests import Run
+from pytest_gpucluster.profiles.schema import CollectiveCheck, CollectivesSection, SweepSettings
+from pytest_gpucluster.results.model import Spread
 
 __all__ = [
     "SCOPES",

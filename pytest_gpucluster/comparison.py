@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_gpucluster.metrics import bus_factor
+from pytest_gpucluster.maths.metrics import bus_factor
+from pytest_gpucluster.maths.sweep import Point, summarize_sweep, sweep_sizes
 from pytest_gpucluster.results.model import Spread
-from pytest_gpucluster.workloads.sweep_points import Point, summarize_sweep, sweep_sizes
 
 __all__ = [
     "Comparison",

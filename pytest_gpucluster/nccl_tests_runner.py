@@ -26,8 +26,8 @@ from pathlib import Path
 from pytest_gpucluster.errors import LaunchError, ParseError, SettingsError
 from pytest_gpucluster.launch.base import is_local_host
 from pytest_gpucluster.launch.mpi import nccl_tests_argv
+from pytest_gpucluster.maths.sweep import NCCL_TYPE_NAMES
 from pytest_gpucluster.parsers.nccl_tests import Run, parse
-from pytest_gpucluster.workloads.sweep_points import NCCL_TYPE_NAMES
 
 __all__ = ["NcclTestsCommand", "binary_path", "build_command", "run_command"]
 

@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from pytest_gpucluster.errors import ParseError, ProfileError
+from pytest_gpucluster.maths.shapes import SHAPES
 from pytest_gpucluster.parsers.train_log import TrainLog
 from pytest_gpucluster.profiles.schema import ClusterSection, ProfileModel, ScalingSection, SftCase
 from pytest_gpucluster.results.model import Spread
 from pytest_gpucluster.results.recorder import Recorder, ThresholdFailure
-from pytest_gpucluster.workloads.model_shapes import SHAPES
 
 __all__ = [
     "SFT_WORKLOAD",

@@ -28,8 +28,8 @@ from typing import Any
 
 from pytest_gpucluster.burnin import BurninError
 from pytest_gpucluster.burnin.drain import Suspect
+from pytest_gpucluster.maths.sweep import summarize_sweep
 from pytest_gpucluster.results.recorder import format_value
-from pytest_gpucluster.workloads.sweep_points import summarize_sweep
 
 __all__ = [
     "Sample",

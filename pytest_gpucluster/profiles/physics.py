@@ -55,7 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pytest_gpucluster import metrics
+from pytest_gpucluster.maths import metrics
 from pytest_gpucluster.profiles.devices import Device, find_device
 from pytest_gpucluster.profiles.schema import ClusterSection, ProfileModel, SftCase
 
@@ -275,8 +275,8 @@ def busbw_ceiling(collective: str, scope: str, model: ProfileModel, peaks: Peaks
 
 def _shape(model_name: str) -> metrics.TransformerShape | None:
     try:
-        from pytest_gpucluster.workloads.model_shapes import get_shape
-    except ImportError:  # pragma: no cover - model_shapes ships with the package
+        from pytest_gpucluster.maths.shapes import get_shape
+    except ImportError:  # pragma: no cover - maths ships with the package
         try:
             return metrics.shape_for(model_name)
         except ValueError:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_gpucluster.workloads.sweep_points import REDUCING, Layout
+from pytest_gpucluster.maths.sweep import REDUCING, Layout
 
 _EXACT_INT = {
     "float32": 2**24,

@@ -2,8 +2,8 @@
 
 ``sweep(ctx)`` runs on every rank (workload spec ``pytest_gpucluster.workloads.collectives:sweep``)
 and returns that rank's own times; the parent combines the ranks with
-:func:`pytest_gpucluster.workloads.sweep_points.summarize_sweep`. Like the rest of
-``workloads/``, it depends on the standard library, torch and the pure ``sweep_points``/``metrics``.
+:func:`pytest_gpucluster.maths.sweep.summarize_sweep`. Like the rest of
+``workloads/``, it depends on the standard library, torch and the pure ``maths`` package.
 
 What is measured, per size and placement, mirrors nccl-tests' ``BenchTime``: one untimed
 collective, a barrier, then ``iters`` back-to-back collectives timed as one span (CUDA events
@@ -38,11 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from pytest_gpucluster.metrics import COLLECTIVES, bus_factor
-from pytest_gpucluster.parsers.nccl_tests import Measurement, Row, format_table
-from pytest_gpucluster.workloads._runtime import RankContext, WorkloadSkip
-from pytest_gpucluster.workloads._sweep_data import SweepData
-from pytest_gpucluster.workloads.sweep_points import (
+from pytest_gpucluster.maths.metrics import COLLECTIVES, bus_factor
+from pytest_gpucluster.maths.sweep import (
     DTYPE_SIZES,
     NCCL_TYPE_NAMES,
     REDUCING,
@@ -54,6 +51,9 @@ from pytest_gpucluster.workloads.sweep_points import (
     reports_in_place_errors,
     sweep_sizes,
 )
+from pytest_gpucluster.parsers.nccl_tests import Measurement, Row, format_table
+from pytest_gpucluster.workloads._runtime import RankContext, WorkloadSkip
+from pytest_gpucluster.workloads._sweep_data import SweepData
 
 __all__ = ["SweepOptions", "sweep", "sweep_many"]
 

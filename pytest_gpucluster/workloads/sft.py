@@ -28,10 +28,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_gpucluster import metrics
+from pytest_gpucluster.maths import metrics
 from pytest_gpucluster.workloads import sft_data
 from pytest_gpucluster.workloads._runtime import RankContext, WorkloadSkip
-from pytest_gpucluster.workloads.model_shapes import build_model
+from pytest_gpucluster.workloads.sft_model import build_model
 
 __all__ = ["SFTOptions", "train"]
 
@@ -44,7 +44,7 @@ class SFTOptions:
     """The SFT case as the profile gives it (``job.json`` ``options``); every field is optional."""
 
     model: str = "tiny"
-    """A named shape (``llama2-7b``, ``llama3-8b``, ``tiny``...; see ``model_shapes.SHAPES``)."""
+    """A named shape (``llama2-7b``, ``llama3-8b``, ``tiny``...; see ``maths.shapes.SHAPES``)."""
     model_path: str | None = None
     """A local checkpoint directory, loaded with ``local_files_only``; wins over ``model``."""
     layers: int | None = None

@@ -15,7 +15,7 @@ torchrun without it; the worker exports ``LOCAL_SIZE`` — and only for float32 
 bfloat16/float16 (AVX-512BW); for other dtypes it silently returns without reducing, which is
 why every size is checked. A job where the op cannot run is skipped with the reason.
 
-Depends on the standard library, torch, DeepSpeed (imported here only) and ``sweep_points``.
+Depends on the standard library, torch, DeepSpeed (imported here only) and ``maths.sweep``.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pytest_gpucluster.maths.sweep import DTYPE_SIZES, canonical_dtype, parse_size, sweep_sizes
 from pytest_gpucluster.workloads._runtime import RankContext, WorkloadSkip
-from pytest_gpucluster.workloads.sweep_points import DTYPE_SIZES, canonical_dtype, parse_size, sweep_sizes
 
 __all__ = ["compare", "summarize_compare"]
 

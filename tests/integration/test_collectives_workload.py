@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from pytest_gpucluster.maths.sweep import layout, summarize_sweep, sweep_sizes
 from pytest_gpucluster.parsers.nccl_tests import parse
-from pytest_gpucluster.workloads.sweep_points import layout, summarize_sweep, sweep_sizes
 
 REPO = Path(__file__).resolve().parents[2]
 WORKLOAD = "pytest_gpucluster.workloads.collectives:sweep"

@@ -61,8 +61,9 @@ def save_local_checkpoint(directory: Path) -> Path:
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+    from pytest_gpucluster.maths.shapes import get_shape
     from pytest_gpucluster.workloads import sft_data
-    from pytest_gpucluster.workloads.model_shapes import get_shape
+    from pytest_gpucluster.workloads.sft_model import llama_config
 
     specials = ["<pad>", "<s>", "</s>", "<unk>"]
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -74,7 +75,7 @@ def save_local_checkpoint(directory: Path) -> Path:
         tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
     )
     fast.save_pretrained(directory)
-    transformers.LlamaForCausalLM(get_shape("tiny").llama_config()).save_pretrained(directory)
+    transformers.LlamaForCausalLM(llama_config(get_shape("tiny"))).save_pretrained(directory)
     return directory
 
 
@@ -145,10 +146,11 @@ def test_fp16_on_cpu_is_an_error_that_names_the_alternatives(tmp_path):
 def test_the_tiny_shape_counts_the_parameters_the_model_has():
     import transformers
 
-    from pytest_gpucluster.workloads.model_shapes import get_shape
+    from pytest_gpucluster.maths.shapes import get_shape
+    from pytest_gpucluster.workloads.sft_model import llama_config
 
     shape = get_shape("tiny")
-    model = transformers.LlamaForCausalLM(shape.llama_config())
+    model = transformers.LlamaForCausalLM(llama_config(shape))
     assert sum(p.numel() for p in model.parameters()) == shape.dims.params
 
 

@@ -25,7 +25,7 @@ from pytest_gpucluster.collective_checks import (
     sweep_requests,
 )
 from pytest_gpucluster.errors import JobFailed, LaunchError, ProfileError, SettingsError
-from pytest_gpucluster.metrics import COLLECTIVES
+from pytest_gpucluster.maths.metrics import COLLECTIVES
 from pytest_gpucluster.nccl_tests_runner import binary_path, build_command, run_command
 from pytest_gpucluster.parsers.nccl_tests import parse
 from pytest_gpucluster.profiles.schema import CollectivesSection

@@ -19,8 +19,8 @@ from pytest_gpucluster.comparison import (
     sweep_span,
 )
 from pytest_gpucluster.launch.result import JobSkipped
+from pytest_gpucluster.maths.sweep import summarize_sweep
 from pytest_gpucluster.workloads.shm_allreduce import summarize_compare
-from pytest_gpucluster.workloads.sweep_points import summarize_sweep
 
 MIB = 1 << 20
 

@@ -1,4 +1,4 @@
-"""metrics.py against values computed by hand (the arithmetic is in each comment)."""
+"""maths/metrics.py against values computed by hand (the arithmetic is in each comment)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from pytest_gpucluster import metrics
-from pytest_gpucluster.metrics import (
+from pytest_gpucluster.maths import metrics
+from pytest_gpucluster.maths.metrics import (
     COLLECTIVES,
     Spread,
     TransformerShape,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pytest_gpucluster.errors import ParseError
-from pytest_gpucluster.metrics import bus_factor
+from pytest_gpucluster.maths.metrics import bus_factor
 from pytest_gpucluster.parsers.nccl_tests import Measurement, Row, Run, format_table, parse
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nccl_tests"

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from pytest_gpucluster import metrics
+from pytest_gpucluster.maths import metrics
+from pytest_gpucluster.maths.shapes import SHAPES, get_shape
 from pytest_gpucluster.workloads import sft_data
-from pytest_gpucluster.workloads.model_shapes import SHAPES, get_shape
 from pytest_gpucluster.workloads.sft import SFTOptions, deepspeed_config
 from pytest_gpucluster.workloads.sft_data import (
     IGNORE_INDEX,
@@ -23,6 +23,7 @@ from pytest_gpucluster.workloads.sft_data import (
     tokenize_dataset,
     tokenize_example,
 )
+from pytest_gpucluster.workloads.sft_model import llama_config
 
 # --------------------------------------------------------------------------------------------
 # Alpaca prompts and label masking
@@ -174,12 +175,12 @@ def test_published_shapes_have_the_published_parameter_counts(name, params):
 
 
 def test_llama_configs_carry_the_shape():
-    config = get_shape("llama3-8b").llama_config()
+    config = llama_config(get_shape("llama3-8b"))
     assert (config.hidden_size, config.num_hidden_layers, config.num_key_value_heads) == (4096, 32, 8)
     assert config.vocab_size == 128256 and config.max_position_embeddings == 8192
     rope = getattr(config, "rope_parameters", None) or {"rope_theta": config.rope_theta}
     assert rope["rope_theta"] == 500000.0
-    tiny = get_shape("tiny").llama_config()
+    tiny = llama_config(get_shape("tiny"))
     assert (tiny.hidden_size, tiny.num_hidden_layers, tiny.num_attention_heads, tiny.vocab_size) == (
         128,
         2,

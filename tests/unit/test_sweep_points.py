@@ -7,8 +7,7 @@ import sys
 
 import pytest
 
-from pytest_gpucluster.workloads.collectives import SweepOptions
-from pytest_gpucluster.workloads.sweep_points import (
+from pytest_gpucluster.maths.sweep import (
     Layout,
     avg_busbw,
     canonical_dtype,
@@ -17,6 +16,7 @@ from pytest_gpucluster.workloads.sweep_points import (
     summarize_sweep,
     sweep_sizes,
 )
+from pytest_gpucluster.workloads.collectives import SweepOptions
 
 
 @pytest.mark.parametrize(

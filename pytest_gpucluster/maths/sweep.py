@@ -1,7 +1,7 @@
 """nccl-tests' size semantics, and the parent-side summary of a collective sweep.
 
-Pure standard library plus :mod:`pytest_gpucluster.metrics` (itself stdlib-only), so both sides
-use it: the rank-side sweep (:mod:`.collectives`) to lay out its buffers, and the parent to
+Pure standard library plus :mod:`pytest_gpucluster.maths.metrics` (itself stdlib-only), so both sides
+use it: the rank-side sweep (``workloads.collectives``) to lay out its buffers, and the parent to
 turn the per-rank values of a job into one :class:`Point` per size and placement with
 :func:`summarize_sweep`. It never imports torch.
 
@@ -11,7 +11,7 @@ Semantics follow nccl-tests' ``src/*.cu`` (``*GetCollByteCount`` and ``*GetBw``)
   is ``(count // nranks)`` rounded down to a multiple of 16 bytes, and the size printed (and
   used for algbw) is the whole buffer: ``per_rank_count * nranks * typesize``. The ``count``
   column is that per-rank count. For the other collectives size and count are the buffer.
-- algbw = size / time; busbw = algbw * :func:`pytest_gpucluster.metrics.bus_factor`.
+- algbw = size / time; busbw = algbw * :func:`pytest_gpucluster.maths.metrics.bus_factor`.
 - nccl-tests averages each rank's time per iteration over the ranks (``-a 1``, its default;
   ``-a 0/2/3`` use rank 0, the minimum or the maximum). :func:`summarize_sweep` does the same
   by default and takes the others as ``aggregate``.
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_gpucluster.metrics import COLLECTIVES, Spread, bus_factor, summarize
+from pytest_gpucluster.maths.metrics import COLLECTIVES, Spread, bus_factor, summarize
 
 __all__ = [
     "AGGREGATES",
@@ -231,7 +231,7 @@ def _aggregate(values: Sequence[float], how: str) -> float:
 def summarize_sweep(rank_values: Sequence[dict[str, Any]], aggregate: str = "avg") -> list[Point]:
     """Turn the values the ranks of one sweep job returned into points, by size then placement.
 
-    ``rank_values`` holds each rank's return value of :func:`.collectives.sweep` (any order;
+    ``rank_values`` holds each rank's return value of ``workloads.collectives.sweep`` (any order;
     each names its rank). ``aggregate`` is how per-rank times combine (:data:`AGGREGATES`).
     """
     if aggregate not in AGGREGATES:
