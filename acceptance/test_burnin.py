@@ -50,14 +50,6 @@ from pytest_gpucluster.burnin.drift import (
     nccl_log_fingerprints,
     node_fingerprints,
 )
-from pytest_gpucluster.burnin.health import (
-    Reading,
-    counter_increases,
-    cpu_readings,
-    gpu_readings,
-    intra_node_samples,
-    skip_reasons,
-)
 from pytest_gpucluster.burnin.pairwise import localize
 from pytest_gpucluster.burnin.runner import ClusterPairRunner
 from pytest_gpucluster.burnin.stragglers import (
@@ -67,6 +59,14 @@ from pytest_gpucluster.burnin.stragglers import (
     sweep_samples,
     value_samples,
     worst_per_host,
+)
+from pytest_gpucluster.checks.burnin.health import (
+    Reading,
+    counter_increases,
+    cpu_readings,
+    gpu_readings,
+    intra_node_samples,
+    skip_reasons,
 )
 from pytest_gpucluster.errors import ParseError
 from pytest_gpucluster.launch.result import JobSkipped

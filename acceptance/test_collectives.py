@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from pytest_gpucluster.collective_checks import (
+from pytest_gpucluster.checks.collectives import (
     WORKLOAD,
     Case,
     CollectiveData,
@@ -43,8 +43,8 @@ from pytest_gpucluster.collective_checks import (
     scope_nodes,
 )
 from pytest_gpucluster.errors import GpuClusterError, JobFailed
+from pytest_gpucluster.launch.nccl_tests import binary_path, build_command, run_command
 from pytest_gpucluster.launch.result import JobSkipped
-from pytest_gpucluster.nccl_tests_runner import binary_path, build_command, run_command
 from pytest_gpucluster.plugin import get_session
 from pytest_gpucluster.results.recorder import Recorder, ThresholdFailure
 

@@ -24,9 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpucluster.errors import ParseError
-from pytest_gpucluster.launch.result import JobSkipped
-from pytest_gpucluster.nccl_checks import (
+from pytest_gpucluster.checks.nccl import (
     Finding,
     LogSet,
     check_agreement,
@@ -34,6 +32,8 @@ from pytest_gpucluster.nccl_checks import (
     expectations_of,
     read_logs,
 )
+from pytest_gpucluster.errors import ParseError
+from pytest_gpucluster.launch.result import JobSkipped
 from pytest_gpucluster.plugin import get_session
 from pytest_gpucluster.workloads.nccl_probe import DEBUG_ENV
 

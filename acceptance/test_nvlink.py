@@ -37,7 +37,7 @@ from typing import Any
 
 import pytest
 
-from pytest_gpucluster.comparison import (
+from pytest_gpucluster.checks.comparison import (
     Comparison,
     compare_runs,
     shm_vs_gloo,

@@ -21,10 +21,7 @@ from typing import Any
 
 import pytest
 
-from pytest_gpucluster.launch.result import JobSkipped
-from pytest_gpucluster.maths.metrics import scaling_efficiency
-from pytest_gpucluster.plugin import get_session
-from pytest_gpucluster.sft_cases import (
+from pytest_gpucluster.checks.sft import (
     Check,
     SftRun,
     find_case,
@@ -33,6 +30,9 @@ from pytest_gpucluster.sft_cases import (
     scaling_job,
     scaling_throughput,
 )
+from pytest_gpucluster.launch.result import JobSkipped
+from pytest_gpucluster.maths.metrics import scaling_efficiency
+from pytest_gpucluster.plugin import get_session
 
 RUNS_KEY = "sft.runs"
 """Shared with test_sft.py: launched runs by (case, nodes, ranks per node)."""

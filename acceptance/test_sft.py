@@ -31,11 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning
-from pytest_gpucluster.launch.result import JobSkipped
-from pytest_gpucluster.parsers.train_log import parse_train_log
-from pytest_gpucluster.plugin import get_session
-from pytest_gpucluster.sft_cases import (
+from pytest_gpucluster.checks.sft import (
     case_ranks_per_node,
     find_case,
     gate,
@@ -44,6 +40,10 @@ from pytest_gpucluster.sft_cases import (
     parse_log_argument,
     run_case,
 )
+from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning
+from pytest_gpucluster.launch.result import JobSkipped
+from pytest_gpucluster.parsers.train_log import parse_train_log
+from pytest_gpucluster.plugin import get_session
 
 RUNS_KEY = "sft.runs"
 """Where launched runs are kept in the session (``gpucluster_session.extra``) for test_scaling."""

@@ -12,12 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytest_gpucluster.errors import ParseError, ProfileError
-from pytest_gpucluster.parsers.train_log import parse_train_log
-from pytest_gpucluster.profiles.detect import MachineInfo
-from pytest_gpucluster.profiles.loader import load_profile
-from pytest_gpucluster.results.recorder import Recorder, ThresholdFailure
-from pytest_gpucluster.sft_cases import (
+from pytest_gpucluster.checks.sft import (
     find_case,
     gate,
     launched_checks,
@@ -27,6 +22,11 @@ from pytest_gpucluster.sft_cases import (
     scaling_job,
     workload_options,
 )
+from pytest_gpucluster.errors import ParseError, ProfileError
+from pytest_gpucluster.parsers.train_log import parse_train_log
+from pytest_gpucluster.profiles.detect import MachineInfo
+from pytest_gpucluster.profiles.loader import load_profile
+from pytest_gpucluster.results.recorder import Recorder, ThresholdFailure
 from pytest_gpucluster.workloads.sft import SFTOptions
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpucluster.burnin.health import (
+from pytest_gpucluster.checks.burnin.health import (
     counter_increases,
     cpu_readings,
     gpu_readings,

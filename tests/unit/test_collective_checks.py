@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpucluster.collective_checks import (
+from pytest_gpucluster.checks.collectives import (
     Case,
     CollectiveData,
     SweepRequest,
@@ -25,8 +25,8 @@ from pytest_gpucluster.collective_checks import (
     sweep_requests,
 )
 from pytest_gpucluster.errors import JobFailed, LaunchError, ProfileError, SettingsError
+from pytest_gpucluster.launch.nccl_tests import binary_path, build_command, run_command
 from pytest_gpucluster.maths.metrics import COLLECTIVES
-from pytest_gpucluster.nccl_tests_runner import binary_path, build_command, run_command
 from pytest_gpucluster.parsers.nccl_tests import parse
 from pytest_gpucluster.profiles.schema import CollectivesSection
 from pytest_gpucluster.results.recorder import Recorder, ThresholdFailure

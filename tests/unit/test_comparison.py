@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pytest_gpucluster.comparison import (
+from pytest_gpucluster.checks.comparison import (
     Comparison,
     RatioPoint,
     compare_runs,

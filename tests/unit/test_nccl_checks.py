@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpucluster.errors import ParseError, ProfileError
-from pytest_gpucluster.nccl_checks import (
+from pytest_gpucluster.checks.nccl import (
     LogSet,
     check_agreement,
     check_expectation,
@@ -17,6 +16,7 @@ from pytest_gpucluster.nccl_checks import (
     version_at_least,
     version_tuple,
 )
+from pytest_gpucluster.errors import ParseError, ProfileError
 from pytest_gpucluster.profiles.loader import load_profile
 from pytest_gpucluster.profiles.schema import NcclSection
 

@@ -266,7 +266,7 @@ def test_traffic_on_a_cpu_rank_skips_with_the_reason(tmp_path):
 
 def test_importing_the_probe_and_the_comparison_loads_no_torch_and_no_pytest():
     code = (
-        "import sys; import pytest_gpucluster.workloads.nvlink_probe, pytest_gpucluster.comparison;"
+        "import sys; import pytest_gpucluster.workloads.nvlink_probe, pytest_gpucluster.checks.comparison;"
         " sys.exit(sorted(m for m in ('torch', 'pytest', 'pynvml') if m in sys.modules) or None)"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
