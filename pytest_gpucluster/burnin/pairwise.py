@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pytest_gpucluster.burnin import BurninError
 from pytest_gpucluster.burnin.drain import Suspect
 from pytest_gpucluster.burnin.stragglers import reference_of
-from pytest_gpucluster.results.recorder import format_value
+from pytest_gpucluster.results.text import format_value
 
 __all__ = [
     "JudgedPair",
@@ -63,6 +63,11 @@ class PairResult:
     error: str | None = None
     job_id: str | None = None
     duration_s: float | None = None
+
+    def text(self) -> str:
+        """``n1<->n2 1.2 GB/s`` or ``n1<->n2 failed: <why>``, for progress lines."""
+        measured = f"{self.busbw / 1e9:.3g} GB/s" if self.busbw is not None else f"failed: {self.error}"
+        return f"{self.pair[0]}<->{self.pair[1]} {measured}"
 
 
 @dataclass(frozen=True, slots=True)

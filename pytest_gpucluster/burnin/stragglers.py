@@ -29,7 +29,7 @@ from typing import Any
 from pytest_gpucluster.burnin import BurninError
 from pytest_gpucluster.burnin.drain import Suspect
 from pytest_gpucluster.maths.sweep import summarize_sweep
-from pytest_gpucluster.results.recorder import format_value
+from pytest_gpucluster.results.text import format_value
 
 __all__ = [
     "Sample",

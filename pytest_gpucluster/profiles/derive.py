@@ -3,11 +3,11 @@
 ``gpucluster profiles derive RESULTS.json --name NAME --margin 10%`` reads a ``results.json``,
 maps each measurement that had a threshold back to the profile key it was gated against, and
 writes a profile that ``extends:`` the run's own profile, so the cluster shape, NCCL environment
-and everything not measured carry over. The key comes from the measurement's ``source`` when
-it names one (``"profile cpu-local: collectives.checks[0].min_busbw"``, as the acceptance tests
-write it; any ``min_*``/``max_*`` key of a mapping section such as ``burnin:`` works, typed by
-the schema), else from the metric name through :data:`RULES` (one row per metric family: add
-a row for a new metric). Measurements that map to nothing (equality checks, inventory, a
+and everything not measured carry over. The key is the measurement's ``ref`` (a `ThresholdRef`:
+``("collectives", "checks", 0, "min_busbw")``, as the checks record it; any ``min_*``/``max_*``
+key of a mapping section such as ``burnin:`` works, typed by the schema); a measurement without
+one (a results file of schema version 1, a check of one's own) is mapped by its metric name
+through :data:`RULES` (one row per metric family: add a row for a new metric). Measurements that map to nothing (equality checks, inventory, a
 metric with no row) are listed in the file's header comment with why. A key gated at several
 points (one floor, several sizes or ranks) gets the most lenient of their thresholds. Floors go ``margin`` below the measured value, ceilings ``margin``
 above; every threshold line carries a comment with the run, its date, fingerprint and the
@@ -43,7 +43,7 @@ from pytest_gpucluster.errors import ProfileError
 from pytest_gpucluster.profiles.loader import LoadedProfile, find_profile, load_profile
 from pytest_gpucluster.profiles.quantities import parse_fraction
 from pytest_gpucluster.profiles.schema import CollectiveCheck, ProfileModel, ScalingStep, SftCase
-from pytest_gpucluster.results.model import Measurement
+from pytest_gpucluster.results.model import Measurement, ThresholdRef
 
 __all__ = ["RULES", "DerivedProfile", "MetricRule", "SourceRun", "derive_profile", "parse_margin", "read_run"]
 
@@ -108,27 +108,18 @@ RULES: tuple[MetricRule, ...] = (
 """Metric family -> profile key. A measurement no rule matches is listed in the file's comments."""
 
 
-_SOURCE_KEY = re.compile(r"profile [^:]+: (?P<key>[a-z_]+(?:\.[a-z_]+|\[\d+\])*)")
-_KEY_PATH = re.compile(
-    r"(?P<section>[a-z_]+)(?:\.checks|\.cases|\.steps)?(?:\[(?P<index>\d+)\])?\.(?P<key>[a-z_]+)"
-)
-
-
-def rule_for(
-    metric: str, source: str | None = None, model: ProfileModel | None = None
-) -> tuple[MetricRule, dict[str, str]] | None:
+def rule_for(m: Measurement, model: ProfileModel | None = None) -> tuple[MetricRule, dict[str, str]] | None:
     """The rule for a measurement, and the entry it names (``collective``, ``case``, ``check``, ``step``).
 
-    A ``source`` written as ``"profile NAME: collectives.checks[0].min_busbw"`` (the key the test
-    gated against) wins: it names the exact key whatever the metric is called. Otherwise the
-    metric name is matched against :data:`RULES`.
+    The measurement's ``ref`` (the key the check was judged against) wins: it names the exact key
+    whatever the metric is called. Otherwise the metric name is matched against :data:`RULES`.
     """
-    if source and model is not None:
-        found = _rule_from_source(metric, source, model)
+    if m.ref is not None and model is not None:
+        found = _rule_from_ref(m.metric, m.ref, model)
         if found is not None:
             return found
     for rule in RULES:
-        match = re.fullmatch(rule.pattern, metric)
+        match = re.fullmatch(rule.pattern, m.metric)
         if match:
             return rule, {k: v for k, v in match.groupdict().items() if v is not None}
     return None
@@ -179,34 +170,45 @@ def _field_kind(section: str, key: str) -> Kind | None:
     return "number" if plain == {float} else None
 
 
-def _rule_from_source(
-    metric: str, source: str, model: ProfileModel
+_LISTS = {"collectives": "checks", "sft": "cases", "scaling": "steps"}
+"""Sections whose thresholds sit in list entries: ``collectives.checks[i].min_busbw``."""
+
+
+def _ref_entry(ref: ThresholdRef, model: ProfileModel) -> tuple[Target, str, dict[str, str]] | None:
+    """(target, key, entry groups) of a key path, or None when the profile has no such entry."""
+    path = ref.key_path
+    section = str(path[0])
+    if section in _LISTS and len(path) == 4 and path[1] == _LISTS[section] and isinstance(path[2], int):
+        index, key = path[2], str(path[3])
+        if section == "collectives" and index < len(model.collectives.checks):
+            return (
+                "collective",
+                key,
+                {"collective": model.collectives.checks[index].collective, "check": str(index)},
+            )
+        if section == "sft" and index < len(model.sft.cases):
+            return "sft", key, {"case": model.sft.cases[index].name}
+        if section == "scaling" and model.scaling is not None and index < len(model.scaling.steps):
+            return "scaling", key, {"step": str(index)}
+        return None
+    if len(path) == 2 and section in _mapping_sections():
+        return section, str(path[1]), {}
+    return None
+
+
+def _rule_from_ref(
+    metric: str, ref: ThresholdRef, model: ProfileModel
 ) -> tuple[MetricRule, dict[str, str]] | None:
-    match = _SOURCE_KEY.search(source)
-    path = _KEY_PATH.fullmatch(match.group("key")) if match else None
-    if path is None:
+    entry = _ref_entry(ref, model)
+    if entry is None:
         return None
-    section, key, index = path.group("section"), path.group("key"), path.group("index")
-    groups: dict[str, str] = {}
-    if section == "collectives" and index is not None and int(index) < len(model.collectives.checks):
-        target: Target = "collective"
-        groups = {"collective": model.collectives.checks[int(index)].collective, "check": index}
-    elif section == "sft" and index is not None and int(index) < len(model.sft.cases):
-        target, groups = "sft", {"case": model.sft.cases[int(index)].name}
-    elif (
-        section == "scaling" and index is not None and model.scaling and int(index) < len(model.scaling.steps)
-    ):
-        target, groups = "scaling", {"step": index}
-    elif index is None and section in _mapping_sections():
-        target = section
-    else:
-        return None
+    target, key, groups = entry
     rule = next((r for r in RULES if (r.target, r.key) == (target, key)), None)
-    if rule is None and target == section:
-        kind = _field_kind(section, key)
+    if rule is None and target not in ("collective", "sft", "scaling"):
+        kind = _field_kind(target, key)
         if kind is None:
             return None
-        rule = MetricRule(re.escape(metric), target, key, kind, 1.0 if kind == "fraction" else None)
+        return MetricRule(re.escape(metric), target, key, kind, 1.0 if kind == "fraction" else None), groups
     if rule is None:
         return None
     return MetricRule(re.escape(metric), target, key, rule.kind, rule.cap), groups
@@ -437,7 +439,7 @@ def _collect(runs: Sequence[SourceRun], model: ProfileModel) -> tuple[list[_Poin
                     m.metric, "an equality check: no margin applies, the parent's expectation stays"
                 )
                 continue
-            found = rule_for(m.metric, m.source, model)
+            found = rule_for(m, model)
             if found is None:
                 unmapped.setdefault(
                     _describe(m), f"no profile key for this metric (value {_num(m.value)} {m.unit})"
@@ -456,7 +458,7 @@ def _collect(runs: Sequence[SourceRun], model: ProfileModel) -> tuple[list[_Poin
     points = []
     for items in grouped.values():
         sample = items[0][1]
-        rule, groups = rule_for(sample.metric, sample.source, model)  # type: ignore[misc]
+        rule, groups = rule_for(sample, model)  # type: ignore[misc]
         per_run: dict[int, list[float]] = defaultdict(list)
         for index, m in items:
             per_run[index].append(m.value)

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pytest_gpucluster.errors import GpuClusterError
-from pytest_gpucluster.results.model import SCHEMA_VERSION, Measurement, TestOutcome
-from pytest_gpucluster.results.recorder import format_value
+from pytest_gpucluster.results.model import READABLE_VERSIONS, SCHEMA_VERSION, Measurement, TestOutcome
+from pytest_gpucluster.results.text import format_value
 
 __all__ = [
     "BaselineComparison",
@@ -66,10 +66,12 @@ class RunResults:
                 f"{source} is not a pytest-gpucluster results.json (no 'measurements' key)"
             )
         version = data.get("schema_version")
-        if not isinstance(version, int) or version > SCHEMA_VERSION:
+        if not isinstance(version, int) or version not in READABLE_VERSIONS:
+            newer = isinstance(version, int) and version > SCHEMA_VERSION
             raise ResultsFileError(
-                f"{source} has schema_version {version!r}; this pytest-gpucluster reads versions up to "
-                f"{SCHEMA_VERSION} (upgrade the plugin to read it)"
+                f"{source} has schema_version {version!r}; this pytest-gpucluster reads versions "
+                f"{', '.join(map(str, READABLE_VERSIONS))}"
+                + (" (upgrade the plugin to read it)" if newer else "")
             )
         try:
             measurements = tuple(Measurement.from_json(m) for m in data.get("measurements") or ())

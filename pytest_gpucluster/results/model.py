@@ -1,23 +1,50 @@
-"""The data a run leaves behind: measurements, test outcomes, and the versioned results.json layout.
+"""The data a run leaves behind: checks, measurements, test outcomes, and the results.json layout.
 
-Pure data and (de)serialisation; no pytest, no I/O beyond what callers pass in. ``results.json``
-is the baseline of the next regression gate, so its layout is versioned (``schema_version``) and
-every change to it must stay readable by ``from_json``.
+One type judges a value: `Check` — the measured value and its unit, the threshold and how it
+compares, where the threshold comes from (`ThresholdRef`, a profile key as data, never a
+sentence), the labels that say which point it is, the spread of repeated runs and the hint for
+a failure. `checks/` builds them, ``Recorder.check_all`` records and asserts them. A
+`Measurement` is a `Check` as results.json keeps it: the same fields plus the test that judged
+it and when.
+
+Pure data and (de)serialisation; no pytest, no I/O. ``results.json`` is the baseline of the
+next regression gate, so its layout is versioned (``schema_version``): version 2 stores the
+threshold's profile key as ``ref: {"profile", "key_path"}`` and the failure hint; version-1
+files (a free-text ``source`` in place of ``ref``) are still read — their ``source`` was prose
+for people and is dropped, so such measurements carry no ``ref``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-SCHEMA_VERSION = 1
+__all__ = [
+    "READABLE_VERSIONS",
+    "SCHEMA_VERSION",
+    "Check",
+    "Comparison",
+    "Measurement",
+    "Spread",
+    "TestOutcome",
+    "ThresholdRef",
+    "compare",
+]
+
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+"""Every results.json layout this version reads (1: free-text ``source``; 2: ``ref`` and ``hint``)."""
 
 Comparison = Literal[">=", "<=", "=="]
 Verdict = Literal["pass", "fail", "info"]
 Category = Literal["pass", "performance", "infrastructure", "failure", "skipped"]
 """How a test ended: passed; a measured value missed its threshold; the job could not run or a rank
 crashed/hung; any other failure (a bug, a wrong result); skipped. Never conflated in the summary."""
+
+_COMPARISONS = (">=", "<=", "==")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,10 +58,58 @@ class Spread:
     n: int
     values: tuple[float, ...] = ()
 
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Spread:
+        """Median, range and median absolute deviation of ``values`` (kept, in their order)."""
+        data = tuple(float(v) for v in values)
+        if not data:
+            raise ValueError("a spread needs at least one value")
+        median = statistics.median(data)
+        mad = statistics.median(abs(v - median) for v in data)
+        return cls(median=median, min=min(data), max=max(data), mad=mad, n=len(data), values=data)
+
 
 @dataclass(frozen=True, slots=True)
-class Measurement:
-    test_id: str
+class ThresholdRef:
+    """The profile key a threshold was read from: ``ThresholdRef("cpu-local", ("collectives",
+    "checks", 0, "min_busbw"))``. `profiles.derive` maps a measurement back to its key with it."""
+
+    profile: str
+    key_path: tuple[str | int, ...]
+    """Section, then keys and list indices: ``("sft", "cases", 1, "max_step_time")``."""
+
+    def __post_init__(self) -> None:
+        path = tuple(self.key_path)
+        if not path or not isinstance(path[0], str):
+            raise ValueError(f"a threshold key path starts with a section name, got {self.key_path!r}")
+        for part in path:
+            if isinstance(part, bool) or not isinstance(part, (str, int)):
+                raise ValueError(f"a threshold key path holds names and list indices, got {part!r}")
+        object.__setattr__(self, "key_path", path)
+
+    @property
+    def key(self) -> str:
+        """``collectives.checks[0].min_busbw``, as the profile file is read."""
+        text = ""
+        for part in self.key_path:
+            text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
+        return text
+
+    def __str__(self) -> str:
+        return f"profile {self.profile}: {self.key}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"profile": self.profile, "key_path": list(self.key_path)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ThresholdRef:
+        return cls(str(data["profile"]), tuple(data["key_path"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One measured value and what it is judged against (no threshold: recorded as information)."""
+
     metric: str
     """Stable name across runs, e.g. ``collectives.all_reduce.busbw``; the baseline gate matches on
     (metric, scope, labels)."""
@@ -42,13 +117,38 @@ class Measurement:
     unit: str
     threshold: float | None = None
     comparison: Comparison = ">="
-    verdict: Verdict = "info"
+    ref: ThresholdRef | None = None
+    """The profile key of the threshold; None for a threshold that is a rule of the check itself
+    (zero wrong elements, a finite loss), which the hint explains."""
     scope: str | None = None
-    labels: dict[str, Any] = field(default_factory=dict)
+    labels: Mapping[str, Any] = field(default_factory=dict)
+    """Which point: size, collective, host, rank, case..."""
     spread: Spread | None = None
-    source: str | None = None
-    """Where the threshold comes from (profile file and key, seed, baseline run)."""
-    time: float = 0.0
+    hint: str = ""
+    """Said after a failure: where the number comes from and what to look at next."""
+
+    def __post_init__(self) -> None:
+        if self.comparison not in _COMPARISONS:
+            raise ValueError(f"{self.metric}: comparison must be one of {', '.join(_COMPARISONS)}")
+        object.__setattr__(self, "value", float(self.value))
+        if self.threshold is not None:
+            object.__setattr__(self, "threshold", float(self.threshold))
+        object.__setattr__(self, "labels", dict(self.labels))
+
+    @property
+    def verdict(self) -> Verdict:
+        if self.threshold is None:
+            return "info"
+        return "pass" if compare(self.value, self.threshold, self.comparison) else "fail"
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict == "fail"
+
+    @property
+    def measured(self) -> bool:
+        """False for a threshold the run had no value for (NaN): a set-up gap, not a slow cluster."""
+        return not math.isnan(self.value)
 
     @property
     def key(self) -> str:
@@ -56,18 +156,72 @@ class Measurement:
         labels = ",".join(f"{k}={self.labels[k]}" for k in sorted(self.labels))
         return f"{self.metric}|{self.scope or ''}|{labels}"
 
+
+@dataclass(frozen=True, slots=True)
+class Measurement(Check):
+    """A `Check` as recorded in results.json: also which test judged it, and when."""
+
+    test_id: str = ""
+    time: float = 0.0
+
+    @classmethod
+    def of(cls, check: Check, *, test_id: str, time: float) -> Measurement:
+        values = {f.name: getattr(check, f.name) for f in fields(Check)}
+        return cls(**values, test_id=test_id, time=time)
+
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["value"] = _finite_or_none(self.value)
+        data: dict[str, Any] = {
+            "test_id": self.test_id,
+            "metric": self.metric,
+            "value": self.value if math.isfinite(self.value) else None,
+            "unit": self.unit,
+            "threshold": self.threshold,
+            "comparison": self.comparison,
+            "verdict": self.verdict,
+            "scope": self.scope,
+            "labels": dict(self.labels),
+            "spread": None if self.spread is None else _spread_json(self.spread),
+            "ref": None if self.ref is None else self.ref.to_json(),
+            "time": self.time,
+        }
+        if self.hint:
+            data["hint"] = self.hint
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Measurement:
+    def from_json(cls, data: Mapping[str, Any]) -> Measurement:
+        """Read a measurement of any readable schema version (a version-1 ``source`` is dropped)."""
         spread = data.get("spread")
-        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        fields["spread"] = Spread(**{**spread, "values": tuple(spread.get("values", ()))}) if spread else None
-        fields["value"] = float("nan") if data.get("value") is None else float(data["value"])
-        return cls(**fields)
+        ref = data.get("ref")
+        value = data.get("value")
+        threshold = data.get("threshold")
+        return cls(
+            metric=str(data["metric"]),
+            value=float("nan") if value is None else float(value),
+            unit=str(data["unit"]),
+            threshold=None if threshold is None else float(threshold),
+            comparison=data.get("comparison", ">="),
+            ref=None if ref is None else ThresholdRef.from_json(ref),
+            scope=data.get("scope"),
+            labels=dict(data.get("labels") or {}),
+            spread=None
+            if spread is None
+            else Spread(**{**spread, "values": tuple(spread.get("values", ()))}),
+            hint=str(data.get("hint") or ""),
+            test_id=str(data.get("test_id", "")),
+            time=float(data.get("time") or 0.0),
+        )
+
+
+def _spread_json(spread: Spread) -> dict[str, Any]:
+    return {
+        "median": spread.median,
+        "min": spread.min,
+        "max": spread.max,
+        "mad": spread.mad,
+        "n": spread.n,
+        "values": list(spread.values),
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +231,6 @@ class TestOutcome:
     category: Category
     duration_s: float
     message: str = ""
-
-
-def _finite_or_none(value: float) -> float | None:
-    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
 def compare(value: float, threshold: float, comparison: Comparison) -> bool:

@@ -1,4 +1,5 @@
-"""The one place a measured value is asserted: `Recorder.check` records it, then passes or fails.
+"""The one place a measured value is asserted: `Recorder.check_all` records every `Check`, then fails
+once, listing all that failed.
 
 Every number a test looked at lands in ``results.json`` (pass or fail), and the file is rewritten
 atomically after every check and every test, so a run cut short (Ctrl-C, a killed node, a
@@ -11,52 +12,23 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_gpucluster.results.model import (
-    SCHEMA_VERSION,
-    Comparison,
-    Measurement,
-    Spread,
-    TestOutcome,
-    compare,
-)
+from pytest_gpucluster.results.model import SCHEMA_VERSION, Check, Measurement, TestOutcome
+from pytest_gpucluster.results.text import failure_message
 
-__all__ = ["Recorder", "ThresholdFailure", "format_value"]
+__all__ = ["NotMeasured", "Recorder", "ThresholdFailure"]
 
 
 class ThresholdFailure(AssertionError):
     """A measured value missed its threshold (a performance failure, not a crash)."""
 
 
-_SCALES = {
-    "B/s": (1e9, "GB/s"),
-    "s": (1.0, "s"),
-    "B": (2**30, "GiB"),
-    "FLOP/s": (1e12, "TFLOP/s"),
-    "fraction": (0.01, "%"),
-}
-
-
-def format_value(value: float, unit: str) -> str:
-    """Human units for canonical ones: 1.2e9 B/s -> '1.2 GB/s', 0.004 s -> '4 ms', 0.93 -> '93%'."""
-    if value != value:  # NaN
-        return "n/a"
-    if unit == "bool":
-        return "yes" if value else "no"
-    if unit == "s":
-        if abs(value) < 1e-3:
-            return f"{value * 1e6:.4g} us"
-        if abs(value) < 1:
-            return f"{value * 1e3:.4g} ms"
-        return f"{value:.4g} s"
-    if unit in _SCALES:
-        scale, shown = _SCALES[unit]
-        return f"{value / scale:.4g}{'' if shown == '%' else ' '}{shown}"
-    return f"{value:.4g} {unit}".rstrip()
+class NotMeasured(AssertionError):
+    """The profile sets a threshold that the run measured nothing for (a set-up gap, not a slow cluster)."""
 
 
 @dataclass(repr=False)
@@ -79,74 +51,45 @@ class Recorder:
     def __repr__(self) -> str:
         return f"<Recorder {self.path} ({len(self.measurements)} measurements)>"
 
-    def check(
-        self,
-        metric: str,
-        value: float,
-        threshold: float | None,
-        *,
-        unit: str,
-        comparison: Comparison = ">=",
-        scope: str | None = None,
-        labels: Mapping[str, Any] | None = None,
-        spread: Spread | None = None,
-        source: str | None = None,
-        context: str = "",
-    ) -> Measurement:
-        """Record ``value``; if a threshold is given, fail unless ``value <comparison> threshold``.
+    def check_all(self, checks: Iterable[Check], *, footer: str = "") -> list[Measurement]:
+        """Record every check, then fail once, listing every check that failed (not just the first).
 
-        ``context`` is appended to the failure message: what to look at next.
+        A failed check with no measured value (NaN: the profile sets a threshold the run could not
+        measure) is listed after the misses; when it is the only kind of failure the error is a
+        `NotMeasured` (a set-up gap), otherwise a `ThresholdFailure`. ``footer`` is said once after
+        the failures (a table they share).
         """
         __tracebackhide__ = True
-        value = float(value)
-        verdict = (
-            "info" if threshold is None else ("pass" if compare(value, threshold, comparison) else "fail")
-        )
-        measurement = Measurement(
-            test_id=self.current_test,
-            metric=metric,
-            value=value,
-            unit=unit,
-            threshold=None if threshold is None else float(threshold),
-            comparison=comparison,
-            verdict=verdict,
-            scope=scope,
-            labels=dict(labels or {}),
-            spread=spread,
-            source=source,
-            time=time.time(),
-        )
+        now = time.time()
+        recorded = [Measurement.of(c, test_id=self.current_test, time=now) for c in checks]
         with self._lock:
-            self.measurements.append(measurement)
+            self.measurements.extend(recorded)
         if self.on_measurement is not None:
-            self.on_measurement(measurement)
+            for measurement in recorded:
+                self.on_measurement(measurement)
         self.flush()
-        if verdict == "fail":
-            raise ThresholdFailure(self.failure_message(measurement, context))
-        return measurement
+        missed = [failure_message(m) for m in recorded if m.failed and m.measured]
+        unmeasured = [failure_message(m) for m in recorded if m.failed and not m.measured]
+        lines = [*missed, *unmeasured]
+        if lines and footer:
+            lines.append(footer)
+        if missed:
+            raise ThresholdFailure("\n".join(lines))
+        if unmeasured:
+            raise NotMeasured("\n".join(lines))
+        return recorded
+
+    def check(
+        self, metric: str, value: float, threshold: float | None, *, unit: str, **kwargs: Any
+    ) -> Measurement:
+        """One value in a test of one's own: ``results.check("demo.busbw", 2e9, 1e9, unit="B/s")``
+        is ``check_all([Check(...)])`` (keywords: those of `Check`)."""
+        __tracebackhide__ = True
+        return self.check_all([Check(metric, value, unit, threshold, **kwargs)])[0]
 
     def record(self, metric: str, value: float, *, unit: str, **kwargs: Any) -> Measurement:
         """Record a value with no threshold (shown in reports, compared against baselines)."""
-        return self.check(metric, value, None, unit=unit, **kwargs)
-
-    @staticmethod
-    def failure_message(m: Measurement, context: str = "") -> str:
-        where = f" [{m.scope}]" if m.scope else ""
-        labels = ", ".join(f"{k}={v}" for k, v in m.labels.items())
-        labels = f" ({labels})" if labels else ""
-        noise = ""
-        if m.spread is not None and m.spread.n > 1:
-            noise = (
-                f"; median of {m.spread.n}, range {format_value(m.spread.min, m.unit)}"
-                f"..{format_value(m.spread.max, m.unit)}"
-            )
-        expected = "at least" if m.comparison == ">=" else "at most" if m.comparison == "<=" else "exactly"
-        src = f" (threshold from {m.source})" if m.source else ""
-        msg = (
-            f"{m.metric}{where}{labels}: measured {format_value(m.value, m.unit)}, expected {expected} "
-            f"{format_value(m.threshold or 0.0, m.unit)}{src}{noise}"
-        )
-        return f"{msg}. {context}".rstrip() if context else msg
+        return self.check_all([Check(metric, value, unit, **kwargs)])[0]
 
     def add_outcome(self, outcome: TestOutcome) -> None:
         with self._lock:
@@ -179,6 +122,4 @@ class Recorder:
 
 
 def vars_of(outcome: TestOutcome) -> dict[str, Any]:
-    from dataclasses import asdict
-
     return asdict(outcome)

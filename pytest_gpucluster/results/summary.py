@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_gpucluster.results.model import Measurement, TestOutcome
-from pytest_gpucluster.results.recorder import Recorder, format_value
+from pytest_gpucluster.results.recorder import Recorder
+from pytest_gpucluster.results.text import format_value
 
 _ORDER = {"fail": 0, "pass": 1, "info": 2}
 HEADER = ("VERDICT", "METRIC", "MEASURED", "THRESHOLD")
