@@ -34,7 +34,8 @@ class Setting(Generic[T]):
 @dataclass(frozen=True, slots=True)
 class _Option:
     flag: str
-    dest: str
+    name: str
+    """The `Settings` attribute; the option's dest is ``gpucluster_<name>``."""
     help: str
     default: Any = None
     parse: Callable[[str], Any] = str
@@ -42,12 +43,16 @@ class _Option:
     multiple: bool = False
 
     @property
+    def dest(self) -> str:
+        return f"gpucluster_{self.name}"
+
+    @property
     def ini(self) -> str:
-        return f"gpucluster_{self.dest.removeprefix('gpucluster_')}"
+        return f"gpucluster_{self.name}"
 
     @property
     def env(self) -> str:
-        return f"GPUCLUSTER_{self.dest.removeprefix('gpucluster_').upper()}"
+        return f"GPUCLUSTER_{self.name.upper()}"
 
 
 def _positive_int(text: str) -> int:
@@ -105,7 +110,7 @@ def _path(text: str) -> Path:
 OPTIONS: tuple[_Option, ...] = (
     _Option(
         "--hw",
-        "gpucluster_hw",
+        "hw",
         "hardware profile: a name from thresholds/ or a path to a YAML file; "
         "'auto' picks cpu-local without CUDA, else the profile whose GPU model matches",
         "auto",
@@ -113,7 +118,7 @@ OPTIONS: tuple[_Option, ...] = (
     ),
     _Option(
         "--thresholds-dir",
-        "gpucluster_thresholds_dir",
+        "thresholds_dir",
         "extra directory of profile YAML files, searched before the shipped ones",
         None,
         _path,
@@ -121,7 +126,7 @@ OPTIONS: tuple[_Option, ...] = (
     ),
     _Option(
         "--hostfile",
-        "gpucluster_hostfile",
+        "hostfile",
         "hostfile (DeepSpeed 'host slots=N' or Open MPI format) naming the nodes to test",
         None,
         _path,
@@ -129,7 +134,7 @@ OPTIONS: tuple[_Option, ...] = (
     ),
     _Option(
         "--nnodes",
-        "gpucluster_nnodes",
+        "nnodes",
         "number of nodes to use (default: all the cluster has)",
         None,
         _positive_int,
@@ -137,7 +142,7 @@ OPTIONS: tuple[_Option, ...] = (
     ),
     _Option(
         "--nproc-per-node",
-        "gpucluster_nproc_per_node",
+        "nproc_per_node",
         "ranks per node (default: the profile's)",
         None,
         _positive_int,
@@ -145,7 +150,7 @@ OPTIONS: tuple[_Option, ...] = (
     ),
     _Option(
         "--launcher",
-        "gpucluster_launcher",
+        "launcher",
         f"how ranks are started: {', '.join(LAUNCHERS)}",
         "torchrun",
         _launcher,
@@ -153,7 +158,7 @@ OPTIONS: tuple[_Option, ...] = (
     ),
     _Option(
         "--launcher-args",
-        "gpucluster_launcher_args",
+        "launcher_args",
         "extra arguments for the launcher itself, e.g. '--partition=gpu --gpus-per-node=8' for slurm "
         "(not for torchrun)",
         None,
@@ -162,7 +167,7 @@ OPTIONS: tuple[_Option, ...] = (
     ),
     _Option(
         "--slurm-mode",
-        "gpucluster_slurm_mode",
+        "slurm_mode",
         "with --launcher slurm: 'agent' (one torchrun agent per node) or 'tasks' (one task per rank, "
         "ranks from SLURM_PROCID)",
         "agent",
@@ -171,7 +176,7 @@ OPTIONS: tuple[_Option, ...] = (
     ),
     _Option(
         "--remote-exec",
-        "gpucluster_remote_exec",
+        "remote_exec",
         "command template that runs a command on another node, e.g. 'ssh {host}' or 'ip netns exec {host}'",
         ("ssh", "{host}"),
         _argv_template,
@@ -179,7 +184,7 @@ OPTIONS: tuple[_Option, ...] = (
     ),
     _Option(
         "--results-dir",
-        "gpucluster_results_dir",
+        "results_dir",
         "where results.json, reports and per-rank logs go (default: gpucluster-results/<timestamp>)",
         None,
         _path,
@@ -187,7 +192,7 @@ OPTIONS: tuple[_Option, ...] = (
     ),
     _Option(
         "--job-timeout",
-        "gpucluster_job_timeout",
+        "job_timeout",
         "seconds before a launched job is declared hung and killed (tests may ask for less)",
         900.0,
         _positive_seconds,
@@ -195,7 +200,7 @@ OPTIONS: tuple[_Option, ...] = (
     ),
     _Option(
         "--nccl-log",
-        "gpucluster_nccl_log",
+        "nccl_log",
         "check an existing NCCL_DEBUG=INFO log instead of launching (repeatable, globs allowed)",
         (),
         str,
@@ -204,7 +209,7 @@ OPTIONS: tuple[_Option, ...] = (
     ),
     _Option(
         "--train-log",
-        "gpucluster_train_log",
+        "train_log",
         "gate on an existing training log (repeatable, globs)",
         (),
         str,
@@ -213,7 +218,7 @@ OPTIONS: tuple[_Option, ...] = (
     ),
     _Option(
         "--nccl-tests-dir",
-        "gpucluster_nccl_tests_dir",
+        "nccl_tests_dir",
         "directory of nccl-tests binaries (all_reduce_perf, ...) to run through the launcher",
         None,
         _path,
@@ -221,7 +226,7 @@ OPTIONS: tuple[_Option, ...] = (
     ),
     _Option(
         "--baseline",
-        "gpucluster_baseline",
+        "baseline",
         "an earlier results.json to gate regressions against",
         None,
         _path,
@@ -229,7 +234,7 @@ OPTIONS: tuple[_Option, ...] = (
     ),
     _Option(
         "--max-regression",
-        "gpucluster_max_regression",
+        "max_regression",
         "largest allowed regression against --baseline, e.g. 5%",
         0.05,
         _percent,
@@ -272,42 +277,63 @@ def add_options(parser: pytest.Parser) -> None:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Settings:
-    """The effective settings of one session, each with its source."""
+    """The effective settings of one session; ``sources`` says where each came from."""
 
-    values: Mapping[str, Setting[Any]] = field(default_factory=dict)
+    hw: str
+    thresholds_dir: Path | None
+    hostfile: Path | None
+    nnodes: int | None
+    nproc_per_node: int | None
+    launcher: str
+    launcher_args: tuple[str, ...] | None
+    slurm_mode: str
+    remote_exec: tuple[str, ...]
+    results_dir: Path | None
+    job_timeout: float
+    nccl_log: tuple[str, ...]
+    train_log: tuple[str, ...]
+    nccl_tests_dir: Path | None
+    baseline: Path | None
+    max_regression: float
     dry_run: bool = False
+    drain: bool = False
+    sources: Mapping[str, str] = field(default_factory=dict)
+    """Option name -> 'command line', 'environment GPUCLUSTER_X', 'ini key gpucluster_x' or 'default'."""
 
-    def __getitem__(self, dest: str) -> Any:
-        return self.values[dest].value
+    def source(self, name: str) -> str:
+        return self.sources.get(name, "default")
 
-    def source(self, dest: str) -> str:
-        return self.values[dest].source
+    def describe(self, name: str) -> str:
+        return f"{getattr(self, name)} (from {self.source(name)})"
 
-    def describe(self, dest: str) -> str:
-        setting = self.values[dest]
-        return f"{setting.value} (from {setting.source})"
+    def recorded(self) -> dict[str, Setting[Any]]:
+        """Every option's value and source, by option dest (as results.json's header keeps them)."""
+        return {opt.dest: Setting(getattr(self, opt.name), self.source(opt.name)) for opt in OPTIONS}
 
 
 def resolve_settings(config: pytest.Config, environ: Mapping[str, str] | None = None) -> Settings:
     """Resolve every option: CLI > env > ini > default; bad values raise SettingsError naming the source."""
     env = os.environ if environ is None else environ
-    resolved: dict[str, Setting[Any]] = {}
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     for opt in OPTIONS:
         raw, source = _raw_value(config, env, opt)
+        sources[opt.name] = source
         if raw is None:
-            resolved[opt.dest] = Setting(opt.default, "default")
+            values[opt.name] = opt.default
             continue
         try:
-            if opt.multiple:
-                value: Any = tuple(opt.parse(item) for item in raw)
-            else:
-                value = opt.parse(raw)
+            values[opt.name] = tuple(opt.parse(item) for item in raw) if opt.multiple else opt.parse(raw)
         except ValueError as exc:
             raise SettingsError(f"{opt.flag}: {exc} (from {source})") from None
-        resolved[opt.dest] = Setting(value, source)
-    return Settings(values=resolved, dry_run=bool(config.getoption("gpucluster_dry_run")))
+    return Settings(
+        **values,
+        dry_run=bool(config.getoption("gpucluster_dry_run")),
+        drain=bool(config.getoption("gpucluster_drain")),
+        sources=sources,
+    )
 
 
 def _raw_value(config: pytest.Config, env: Mapping[str, str], opt: _Option) -> tuple[Any, str]:

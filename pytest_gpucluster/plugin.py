@@ -17,9 +17,8 @@ from pytest_gpucluster.errors import GpuClusterError, JobFailed, JobSkipped, Lau
 from pytest_gpucluster.options import add_options, resolve_settings
 from pytest_gpucluster.results.model import Measurement, TestOutcome
 from pytest_gpucluster.results.recorder import ThresholdFailure
-from pytest_gpucluster.session import GpuClusterSession
+from pytest_gpucluster.session import SESSION_KEY, GpuClusterSession
 
-SESSION_KEY = pytest.StashKey[GpuClusterSession]()
 _MEASUREMENT_PROPERTY = "gpucluster_measurement"
 _RELEVANT_PROPERTY = "gpucluster_test"
 _FIXTURES = frozenset(
@@ -58,11 +57,11 @@ def pytest_configure(config: pytest.Config) -> None:
     except GpuClusterError as exc:
         raise pytest.UsageError(f"gpucluster: {exc}") from None
     config.stash[SESSION_KEY] = session
-    if settings["gpucluster_baseline"] is not None and not session.is_xdist_worker:
+    if settings.baseline is not None and not session.is_xdist_worker:
         from pytest_gpucluster.results.baseline import read_results
 
         try:  # an unreadable baseline fails now, not after an hour of measurements
-            session.extra["baseline"] = read_results(settings["gpucluster_baseline"])
+            session.baseline = read_results(settings.baseline)
         except GpuClusterError as exc:
             raise pytest.UsageError(f"gpucluster: --baseline: {exc}") from None
     session.progress = _terminal_writer(config)
@@ -96,39 +95,9 @@ def _terminal_writer(config: pytest.Config) -> Any:
     return write
 
 
-def get_session(config: pytest.Config) -> GpuClusterSession:
-    try:
-        return config.stash[SESSION_KEY]
-    except KeyError:
-        raise pytest.UsageError("gpucluster: the plugin did not start (see the error above)") from None
-
-
 def pytest_report_header(config: pytest.Config) -> list[str]:
     session = config.stash.get(SESSION_KEY, None)
     return session.header_lines() if session else []
-
-
-def _marker_requirements(item: pytest.Item, session: GpuClusterSession) -> list[str]:
-    """Each unmet requirement of the item's gpucluster markers, as a sentence."""
-    missing: list[str] = []
-    machine = session.machine
-    for mark in item.iter_markers("gpucluster"):
-        min_nodes = int(mark.kwargs.get("min_nodes", 1))
-        if session.available_nodes < min_nodes:
-            missing.append(
-                f"needs {min_nodes} nodes, the cluster has {session.available_nodes} "
-                f"({'hostfile ' + str(session.settings['gpucluster_hostfile']) if session.hostfile else 'local machine only; pass --hostfile'})"
-            )
-        min_gpus = int(mark.kwargs.get("min_gpus_per_node", 0))
-        if min_gpus and machine.gpu_count < min_gpus:
-            missing.append(f"needs {min_gpus} GPUs per node, {machine.hostname} has {machine.gpu_count}")
-        for need in mark.kwargs.get("needs", ()):
-            if need == "multi-node":
-                if session.available_nodes < 2:
-                    missing.append("needs multi-node: the cluster has 1 node (pass --hostfile with 2+ hosts)")
-            elif need not in machine.capabilities:
-                missing.append(f"needs {need}: {machine.why_missing(need)}")
-    return missing
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -137,7 +106,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if session is None:
         return
     session.recorder.current_test = item.nodeid
-    missing = _marker_requirements(item, session)
+    missing = session.unmet_requirements(item)
     if missing:
         pytest.skip("; ".join(missing))
 
@@ -259,10 +228,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     from pytest_gpucluster.results.report import finish_run
 
-    finished = finish_run(
-        gc.recorder, gc.results_dir, gc.extra.get("baseline"), gc.settings["gpucluster_max_regression"]
-    )
-    gc.extra["finished"] = finished
+    finished = finish_run(gc.recorder, gc.results_dir, gc.baseline, gc.settings.max_regression)
+    gc.finished = finished
     if finished.comparison is not None and finished.comparison.fails and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -276,7 +243,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     from pytest_gpucluster.results.summary import summary_lines
 
     session.recorder.flush()
-    finished = session.extra.get("finished")
+    finished = session.finished
     terminalreporter.section("gpucluster summary")
     extra = finished.summary_args() if finished else {}
     for line in summary_lines(session.recorder, session.results_dir, **extra):

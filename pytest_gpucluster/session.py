@@ -1,6 +1,6 @@
 """The session object: owns the resolved settings, the profile, the detected machine, the
-cluster handle and the results recorder. `plugin.py` creates one per pytest process and keeps
-it under a typed StashKey; fixtures read it from there.
+cluster handle, the results recorder and the baseline. `plugin.py` creates one per pytest process
+and keeps it under `SESSION_KEY`; fixtures and acceptance modules read it with `get_session`.
 """
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -21,6 +21,10 @@ from pytest_gpucluster.profiles.detect import MachineInfo, choose_profile, detec
 from pytest_gpucluster.profiles.loader import LoadedProfile, known_profiles, load_profile
 from pytest_gpucluster.results.fingerprint import fingerprint, redact
 from pytest_gpucluster.results.recorder import Recorder
+
+if TYPE_CHECKING:
+    from pytest_gpucluster.results.baseline import RunResults
+    from pytest_gpucluster.results.report import Finished
 
 RESULTS_DIR_ENV = "_GPUCLUSTER_SESSION_RESULTS_DIR"
 """Set by the controlling process so pytest-xdist workers write into the same results directory."""
@@ -35,13 +39,16 @@ class GpuClusterSession:
     results_dir: Path
     recorder: Recorder
     is_xdist_worker: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    baseline: RunResults | None = None
+    """The ``--baseline`` results file, read at start-up (an unreadable one is a usage error)."""
+    finished: Finished | None = None
+    """The report files and baseline comparison, once the session has finished."""
 
     @classmethod
     def start(cls, config: pytest.Config, settings: Settings) -> GpuClusterSession:
         machine = detect_machine()
-        extra_dirs = [settings["gpucluster_thresholds_dir"]] if settings["gpucluster_thresholds_dir"] else []
-        hw = settings["gpucluster_hw"]
+        extra_dirs = [settings.thresholds_dir] if settings.thresholds_dir else []
+        hw = settings.hw
         if hw == "auto":
             models = []
             for name, path in known_profiles(extra_dirs).items():
@@ -51,7 +58,7 @@ class GpuClusterSession:
                     continue  # a broken profile only matters when it is selected
             name, reason = choose_profile(machine, models)
         else:
-            name, reason = hw, f"--hw={hw} from {settings.source('gpucluster_hw')}"
+            name, reason = hw, f"--hw={hw} from {settings.source('hw')}"
         profile = load_profile(name, extra_dirs)
         results_dir = _results_dir(settings)
         # xdist workers and the ranks of a world_size(n) test report to a parent that owns results.json
@@ -81,7 +88,7 @@ class GpuClusterSession:
             },
             "settings": {
                 dest: {"value": _plain(s.value), "source": s.source}
-                for dest, s in self.settings.values.items()
+                for dest, s in self.settings.recorded().items()
             },
             "fingerprint": fingerprint(
                 hosts=self.hosts,
@@ -100,7 +107,7 @@ class GpuClusterSession:
 
     @cached_property
     def hostfile(self) -> Any:
-        path = self.settings["gpucluster_hostfile"]
+        path = self.settings.hostfile
         if path is None:
             return None
         from pytest_gpucluster.cluster.hostfile import read_hostfile
@@ -111,7 +118,7 @@ class GpuClusterSession:
     def hosts(self) -> list[str]:
         if self.hostfile is not None:
             return list(self.hostfile.hosts)
-        if os.environ.get("SLURM_JOB_NODELIST") and self.settings["gpucluster_launcher"] == "slurm":
+        if os.environ.get("SLURM_JOB_NODELIST") and self.settings.launcher == "slurm":
             from pytest_gpucluster.cluster.nodelist import expand_nodelist
 
             return expand_nodelist(os.environ["SLURM_JOB_NODELIST"])
@@ -119,14 +126,12 @@ class GpuClusterSession:
 
     @property
     def available_nodes(self) -> int:
-        requested = self.settings["gpucluster_nnodes"]
+        requested = self.settings.nnodes
         return min(requested, len(self.hosts)) if requested else len(self.hosts)
 
     @property
     def ranks_per_node(self) -> int:
-        return (
-            self.settings["gpucluster_nproc_per_node"] or self.profile.model.cluster.effective_ranks_per_node
-        )
+        return self.settings.nproc_per_node or self.profile.model.cluster.effective_ranks_per_node
 
     @property
     def backend(self) -> str:
@@ -138,7 +143,7 @@ class GpuClusterSession:
         lines = [
             f"gpucluster: profile {self.profile.name} ({self.profile_reason}), "
             f"{nodes} node{'s' if nodes != 1 else ''} x {self.ranks_per_node} ranks, backend {cluster.backend}, "
-            f"launcher {self.settings['gpucluster_launcher']}",
+            f"launcher {self.settings.launcher}",
             f"gpucluster: thresholds {self.profile.path} (sha256 {self.profile.sha256[:12]})",
             f"gpucluster: results -> {self.results_dir}",
         ]
@@ -158,35 +163,61 @@ class GpuClusterSession:
         from pytest_gpucluster.launch import get_launcher
         from pytest_gpucluster.launch.job import Cluster
 
-        launcher_name = self.settings["gpucluster_launcher"]
+        launcher_name = self.settings.launcher
         if self.hostfile is not None:
             spec = ClusterSpec.from_hostfile(self.hostfile, self.ranks_per_node, self.backend)
         elif launcher_name == "slurm" and os.environ.get("SLURM_JOB_NODELIST"):
             spec = ClusterSpec.from_slurm_env(backend=self.backend)
         else:
             spec = ClusterSpec.from_local(self.ranks_per_node, self.backend)
-        nnodes = self.settings["gpucluster_nnodes"]
+        nnodes = self.settings.nnodes
         if nnodes and nnodes < spec.nnodes:
             spec = replace(spec, hosts=spec.hosts[:nnodes])
         return Cluster(
             spec,
             get_launcher(launcher_name, **self._launcher_kwargs(launcher_name)),
             self.results_dir / "jobs",
-            remote_exec=self.settings["gpucluster_remote_exec"],
+            remote_exec=self.settings.remote_exec,
             progress=self.progress,
             default_env=self.nccl_env,
         )
 
     def _launcher_kwargs(self, name: str) -> dict[str, Any]:
-        extra = self.settings["gpucluster_launcher_args"]
+        extra = self.settings.launcher_args
         kwargs: dict[str, Any] = {}
         if extra:
             if name == "torchrun":
                 raise SettingsError("--launcher-args is for slurm, mpirun and deepspeed; torchrun takes none")
             kwargs["extra_args"] = list(extra)
         if name == "slurm":
-            kwargs["mode"] = self.settings["gpucluster_slurm_mode"]
+            kwargs["mode"] = self.settings.slurm_mode
         return kwargs
+
+    def unmet_requirements(self, item: pytest.Item) -> list[str]:
+        """Each requirement of the item's ``gpucluster`` markers this session does not meet, as a sentence."""
+        missing: list[str] = []
+        machine = self.machine
+        for mark in item.iter_markers("gpucluster"):
+            min_nodes = int(mark.kwargs.get("min_nodes", 1))
+            if self.available_nodes < min_nodes:
+                where = (
+                    f"hostfile {self.settings.hostfile}"
+                    if self.hostfile
+                    else "local machine only; pass --hostfile"
+                )
+                missing.append(f"needs {min_nodes} nodes, the cluster has {self.available_nodes} ({where})")
+            min_gpus = int(mark.kwargs.get("min_gpus_per_node", 0))
+            if min_gpus and machine.gpu_count < min_gpus:
+                missing.append(f"needs {min_gpus} GPUs per node, {machine.hostname} has {machine.gpu_count}")
+            for need in mark.kwargs.get("needs", ()):
+                if need == "multi-node":
+                    if self.available_nodes < 2:
+                        missing.append(
+                            "needs multi-node: the cluster has 1 node (pass --hostfile with 2+ hosts)"
+                        )
+                elif need not in machine.capabilities:
+                    missing.append(f"needs {need}: {machine.why_missing(need)}")
+        return missing
 
     def cluster_error(self) -> GpuClusterError | None:
         """Why a cluster handle cannot be built (bad hostfile...), or None."""
@@ -197,8 +228,19 @@ class GpuClusterSession:
         return None
 
 
+SESSION_KEY = pytest.StashKey[GpuClusterSession]()
+
+
+def get_session(config: pytest.Config) -> GpuClusterSession:
+    """The session `plugin.py` started for ``config``; a usage error if the plugin did not start."""
+    try:
+        return config.stash[SESSION_KEY]
+    except KeyError:
+        raise pytest.UsageError("gpucluster: the plugin did not start (see the error above)") from None
+
+
 def _results_dir(settings: Settings) -> Path:
-    explicit = settings["gpucluster_results_dir"]
+    explicit = settings.results_dir
     if explicit is not None:
         path = Path(explicit)
     elif os.environ.get(RESULTS_DIR_ENV):
