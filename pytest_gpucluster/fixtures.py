@@ -1,4 +1,5 @@
-"""Fixtures the plugin gives every test: hw, machine, cluster, hostfile, nccl_env, results.
+"""Fixtures the plugin gives every test: hw, machine, cluster, hostfile, nccl_env, results,
+shared_jobs; and `job_part`, which declares a fixture that runs one part of the shared jobs.
 
 Registered by plugin.py once the session has started. The ``process_group`` fixture for
 rank-side tests lives with the rank-test machinery (rank_tests.py).
@@ -8,28 +9,29 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
 
 from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning
+from pytest_gpucluster.harness import Part, PartRun, SharedJobs
 from pytest_gpucluster.profiles.detect import MachineInfo
 from pytest_gpucluster.profiles.schema import ProfileModel
 from pytest_gpucluster.results.recorder import Recorder
-from pytest_gpucluster.session import GpuClusterSession
+from pytest_gpucluster.session import GpuClusterSession, get_session
 
+Planner = Callable[[GpuClusterSession, Mapping[str, Any]], Part | None]
+"""What a test needs run, from the session and the test's parameters (None: nothing)."""
 
-def _session(request: pytest.FixtureRequest) -> GpuClusterSession:
-    from pytest_gpucluster.plugin import get_session
-
-    return get_session(request.config)
+_PLANNERS: dict[str, Planner] = {}
+"""Fixture name -> planner, for every fixture `job_part` made: the harness's look-ahead."""
 
 
 @pytest.fixture(scope="session")
 def gpucluster_session(request: pytest.FixtureRequest) -> GpuClusterSession:
     """The whole session object (profile, settings, machine, recorder)."""
-    return _session(request)
+    return get_session(request.config)
 
 
 @pytest.fixture(scope="session")
@@ -131,3 +133,72 @@ def local_devices(
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     with launch_lock(gpucluster_session.results_dir / "jobs", exclusive=False):
         yield list(range(len(visible.split(","))))
+
+
+def _params(item: Any) -> Mapping[str, Any]:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params if callspec is not None else {}
+
+
+def _upcoming(pytest_session: pytest.Session, session: GpuClusterSession) -> Callable[[], list[Part]]:
+    """The parts of the selected tests from the running one on, except tests that will skip for
+    what the session lacks: what a job launched now may run for them too."""
+    from pytest_gpucluster.launch.xdist import under_xdist
+
+    def parts() -> list[Part]:
+        # Under xdist each worker runs a share of the tests that it cannot know in advance; a dry
+        # run prints each test's own commands.
+        if under_xdist() or session.settings.dry_run:
+            return []
+        items = list(pytest_session.items)
+        ids = [item.nodeid for item in items]
+        start = ids.index(session.recorder.current_test) if session.recorder.current_test in ids else 0
+        found = []
+        for item in items[start:]:
+            names = [n for n in getattr(item, "fixturenames", ()) if n in _PLANNERS]
+            if not names or item.get_closest_marker("skip") or session.unmet_requirements(item):
+                continue
+            for name in names:
+                try:
+                    part = _PLANNERS[name](session, _params(item))
+                except Exception:
+                    continue
+                if part is not None:
+                    found.append(part)
+        return found
+
+    return parts
+
+
+@pytest.fixture(scope="session")
+def shared_jobs(
+    gpucluster_session: GpuClusterSession, cluster: Any, request: pytest.FixtureRequest
+) -> SharedJobs:
+    """The session's `harness.SharedJobs`: each part run once, parts that launch alike in one job."""
+    return SharedJobs(cluster, _upcoming(request.session, gpucluster_session))
+
+
+def job_part(planner: Planner) -> Any:
+    """Declare a fixture that runs one part of the session's shared jobs::
+
+        @job_part
+        def health_job(session, params):
+            return plans.burnin.health_part(session.available_nodes)
+
+    The fixture, named like the function, is the part's `PartRun` (None when the planner returns
+    None). The planner is also asked for the part of every selected test that uses the fixture, so
+    that the first launch runs all the parts that run on the same ranks (``params``: the test's
+    parameters). A part whose ranks skipped skips the test; a part that failed fails it.
+    """
+    _PLANNERS[planner.__name__] = planner
+
+    @pytest.fixture(name=planner.__name__)
+    def fixture(request: pytest.FixtureRequest, gpucluster_session: GpuClusterSession) -> PartRun | None:
+        part = planner(gpucluster_session, _params(request.node))
+        if part is None:
+            return None  # nothing to launch: the cluster is not even built (--train-log, --nccl-log)
+        shared: SharedJobs = request.getfixturevalue("shared_jobs")
+        return shared.run(part, request.node.nodeid)
+
+    fixture.__doc__ = planner.__doc__
+    return fixture

@@ -31,6 +31,7 @@ from typing import Any
 from pytest_gpucluster.maths import metrics
 from pytest_gpucluster.workloads import sft_data
 from pytest_gpucluster.workloads._runtime import RankContext, WorkloadSkip
+from pytest_gpucluster.workloads.bundle import peak_rss_bytes
 from pytest_gpucluster.workloads.sft_model import build_model
 
 __all__ = ["SFTOptions", "train"]
@@ -253,7 +254,8 @@ def _start_sampler(ctx: RankContext, opts: SFTOptions) -> tuple[_GpuUtilSampler 
 
 
 def _peak_memory(ctx: RankContext, nvml_used: int) -> dict[str, Any]:
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    # VmHWM, which a bundle of several workloads resets per part; ru_maxrss (KiB on Linux) elsewhere.
+    rss = peak_rss_bytes() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if not ctx.is_cuda:
         return {"peak_memory_bytes": rss, "peak_memory_kind": "cpu_max_rss", "cpu_max_rss_bytes": rss}
     import torch

@@ -1,0 +1,238 @@
+"""Jobs shared between tests: a test asks for the `Part` it needs, and pays for a launch at most once.
+
+A `Part` is one workload with its options and the ranks it runs on. `SharedJobs.run` gives a test
+the `PartRun` of its part:
+
+- an equal part that already ran (test_scaling's 2-rank run is test_sft's) is not run again;
+- the first request launches, in one job, this part and every part the tests still to come will
+  ask for that runs on the same ranks (``upcoming``, from the plugin) — a launch costs seconds of
+  imports and rendezvous before a workload starts, so several workloads share them
+  (``workloads/bundle.py``);
+- a part whose ranks skipped raises `JobSkipped` (the plugin turns it into a skip); a part that
+  failed raises `JobFailed` with the job's report. Every test that asked for the part gets its own
+  exception with the same message. When a bundled job fails, the parts that finished before the
+  failure still reach their tests.
+
+No pytest here: the plugin's ``shared_jobs`` fixture builds one `SharedJobs` per session around
+the session's cluster.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_gpucluster.errors import GpuClusterError, JobFailed, JobSkipped
+from pytest_gpucluster.workloads.bundle import part_path
+
+__all__ = ["BUNDLE_WORKLOAD", "Part", "PartRun", "SharedJobs"]
+
+BUNDLE_WORKLOAD = "pytest_gpucluster.workloads.bundle:run_parts"
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One workload a test needs run: what, with which options, on which ranks."""
+
+    name: str
+    """How jobs and messages call it: ``collectives-all_reduce``, ``sft-tiny-zero2-1x2``."""
+    workload: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    nodes: int = 1
+    nproc_per_node: int | None = None
+    """None: the cluster's ranks per node."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Added to the cluster's default environment (the profile's NCCL variables)."""
+    timeout_s: float = 600.0
+    init_process_group: bool = True
+    shareable: bool = True
+    """False keeps the part in a job of its own (it must not run beside others, or time them)."""
+    measures_memory: bool = False
+    """It reports its process's peak memory: in a shared job it runs before the parts that do not,
+    since a peak can only be reset to what the process holds when the part starts."""
+
+    @property
+    def key(self) -> str:
+        """Equal keys are the same work: the second asker gets the first one's run."""
+        return json.dumps(
+            [self.workload, self.options, self.nodes, self.nproc_per_node, self.env, self.init_process_group],
+            sort_keys=True,
+            default=str,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PartRun:
+    """What a part's ranks returned (rank order), and the job that ran it."""
+
+    part: Part
+    values: tuple[dict[str, Any], ...]
+    job_id: str
+    job_dir: Path
+    launched_by: str
+    """The test whose request launched the job (a later test reusing the run can say so)."""
+    companions: tuple[str, ...] = ()
+    """The other parts of the same job."""
+
+    @property
+    def origin(self) -> str:
+        shared = f", shared with {', '.join(self.companions)}" if self.companions else ""
+        return f"job {self.job_id} ({self.job_dir}{shared})"
+
+
+Outcome = PartRun | GpuClusterError
+
+
+class SharedJobs:
+    """One per session: runs parts, once each, bundling those that launch alike."""
+
+    def __init__(self, cluster: Any, upcoming: Callable[[], Iterable[Part]] = tuple) -> None:
+        self.cluster = cluster
+        self.upcoming = upcoming
+        self._done: dict[str, Outcome] = {}
+
+    def run(self, part: Part, test_id: str) -> PartRun:
+        __tracebackhide__ = True
+        if part.key not in self._done:
+            self._launch(self._group(part), test_id)
+        outcome = self._done[part.key]
+        if isinstance(outcome, GpuClusterError):
+            raise type(outcome)(str(outcome))
+        return outcome
+
+    def _launch_shape(self, part: Part) -> str:
+        """Parts with the same shape run on the same ranks with the same environment: one job can hold them."""
+        env = {**getattr(self.cluster, "default_env", {}), **part.env}
+        nproc = part.nproc_per_node or getattr(getattr(self.cluster, "spec", None), "nproc_per_node", None)
+        return json.dumps([part.nodes, nproc, env, part.init_process_group], sort_keys=True)
+
+    def _group(self, part: Part) -> list[Part]:
+        """The part, then every upcoming part not yet run that may share its job."""
+        if not part.shareable:
+            return [part]
+        shape = self._launch_shape(part)
+        group = {part.key: part}
+        for other in self.upcoming():
+            if (
+                other.shareable
+                and other.key not in self._done
+                and other.key not in group
+                and self._launch_shape(other) == shape
+            ):
+                group[other.key] = other
+        return sorted(group.values(), key=lambda p: not p.measures_memory)  # stable: else in test order
+
+    def _launch(self, parts: list[Part], test_id: str) -> None:
+        __tracebackhide__ = True
+        if len(parts) == 1:
+            self._done[parts[0].key] = self._run_alone(parts[0], test_id)
+            return
+        first = parts[0]
+        try:
+            job = self.cluster.run(
+                BUNDLE_WORKLOAD,
+                nodes=first.nodes,
+                nproc_per_node=first.nproc_per_node,
+                env=dict(first.env) or None,
+                timeout=sum(p.timeout_s for p in parts),
+                options={"parts": [_part_options(p) for p in parts]},
+                name=f"shared-{len(parts)}-parts",
+                init_process_group=first.init_process_group,
+            )
+        except JobFailed as exc:
+            self._done.update(_salvage(parts, exc, test_id))
+            return
+        except GpuClusterError as exc:  # could not launch, or every rank skipped
+            self._done.update({p.key: exc for p in parts})
+            return
+        for index, part in enumerate(parts):
+            self._done[part.key] = _part_outcome(
+                part,
+                [v["parts"][index] for v in job.values],
+                job.job_id,
+                Path(job.job_dir),
+                test_id,
+                tuple(p.name for p in parts if p is not part),
+            )
+
+    def _run_alone(self, part: Part, test_id: str) -> Outcome:
+        try:
+            job = self.cluster.run(
+                part.workload,
+                nodes=part.nodes,
+                nproc_per_node=part.nproc_per_node,
+                env=dict(part.env) or None,
+                timeout=part.timeout_s,
+                options=dict(part.options),
+                name=part.name,
+                init_process_group=part.init_process_group,
+            )
+        except GpuClusterError as exc:
+            return exc
+        return PartRun(part, tuple(job.values), job.job_id, Path(job.job_dir), test_id)
+
+
+def _part_options(part: Part) -> dict[str, Any]:
+    return {
+        "name": part.name,
+        "workload": part.workload,
+        "options": dict(part.options),
+        "timeout_s": part.timeout_s,
+    }
+
+
+def _part_outcome(
+    part: Part,
+    records: list[Mapping[str, Any]],
+    job_id: str,
+    job_dir: Path,
+    test_id: str,
+    companions: tuple[str, ...],
+) -> Outcome:
+    """One part's outcome from every rank's record of it (``workloads/bundle.py``)."""
+    skipped = sorted({str(r.get("reason")) for r in records if r.get("status") == "skipped"})
+    if skipped:
+        return JobSkipped(f"{part.name} (part of job {job_id}): {'; '.join(skipped)}")
+    return PartRun(part, tuple(r["value"] for r in records), job_id, job_dir, test_id, companions)
+
+
+def _salvage(parts: list[Part], exc: JobFailed, test_id: str) -> dict[str, Outcome]:
+    """A bundled job failed: parts every rank finished keep their values; the one that was running
+    when the job died, and those after it, fail with the job's report naming that part."""
+    result = exc.result
+    job_dir = Path(result.job_dir) if result is not None else None
+    world = len(result.ranks) if result is not None else 0
+    outcomes: dict[str, Outcome] = {}
+    culprit: str | None = None
+    names = tuple(p.name for p in parts)
+    for index, part in enumerate(parts):
+        records = _read_records(job_dir, index, world) if job_dir is not None and culprit is None else None
+        if records is not None and all(r.get("status") in ("ok", "skipped") for r in records):
+            others = tuple(n for n in names if n != part.name)
+            outcomes[part.key] = _part_outcome(part, records, result.job_id, job_dir, test_id, others)  # type: ignore[arg-type]
+            continue
+        if culprit is None:
+            culprit = part.name
+            timed_out = records is not None and any(r.get("status") == "timeout" for r in records)
+            why = f" (it ran past its {part.timeout_s:g} s deadline)" if timed_out else ""
+            outcomes[part.key] = JobFailed(f"{part.name} failed in a job it shared with others{why}: {exc}")
+        else:
+            outcomes[part.key] = JobFailed(
+                f"{part.name} did not run: the job it shared failed earlier, in {culprit}: {exc}"
+            )
+    return outcomes
+
+
+def _read_records(job_dir: Path, index: int, world: int) -> list[dict[str, Any]] | None:
+    """Every rank's record of part ``index``, or None if a rank left none."""
+    records = []
+    for rank in range(world):
+        path = part_path(job_dir, index, rank)
+        try:
+            records.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            return None
+    return records or None

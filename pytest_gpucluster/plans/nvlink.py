@@ -1,0 +1,132 @@
+"""What the NVLink acceptance tests launch (``acceptance/test_nvlink.py``), as `harness.Part` s.
+
+- the inventory: one rank per node, no process group, reading GPUs, links and ``topo -m``;
+- the traffic job: an intra-node all_reduce with the NVLink byte counters read around it;
+- the speedup: on a cuda profile the all_reduce sweep twice, as configured and with
+  ``NCCL_P2P_DISABLE=1``; on a cpu profile DeepSpeed's shared-memory all_reduce against gloo's,
+  in one job (the CPU analogue, so the gate runs in CI);
+- the isolation sweeps: NVLink alone inside a node, the network alone across nodes.
+
+Pure: no pytest, no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from pytest_gpucluster.checks.comparison import size_text
+from pytest_gpucluster.harness import Part
+from pytest_gpucluster.maths.sweep import sweep_sizes
+from pytest_gpucluster.profiles.schema import ProfileModel
+
+__all__ = [
+    "NETWORK_ONLY",
+    "NVLINK_ONLY",
+    "P2P_OFF",
+    "inventory_part",
+    "isolated_part",
+    "shm_vs_gloo_part",
+    "speedup_parts",
+    "speedup_sizes",
+    "sweep_span",
+    "traffic_part",
+]
+
+INVENTORY = "pytest_gpucluster.workloads.nvlink_probe:inventory"
+TRAFFIC = "pytest_gpucluster.workloads.nvlink_probe:traffic"
+SWEEP = "pytest_gpucluster.workloads.collectives:sweep"
+SHM_VS_GLOO = "pytest_gpucluster.workloads.shm_allreduce:compare"
+GPU_TIMEOUT_S = 300.0
+SHM_TIMEOUT_S = 300.0  # a cold DeepSpeed shm op build alone takes ~30 s on 2 cores
+TRAFFIC_OPTIONS = {"size_bytes": 256 << 20, "iters": 10}
+P2P_OFF = {"NCCL_P2P_DISABLE": "1"}
+NVLINK_ONLY = {"NCCL_SHM_DISABLE": "1", "NCCL_P2P_LEVEL": "NVL"}
+NETWORK_ONLY = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}
+
+
+def nodes_for(profile: ProfileModel, available_nodes: int) -> int:
+    """The profile's node count, as far as the session has nodes."""
+    return max(1, min(profile.cluster.nodes, available_nodes))
+
+
+def inventory_part(profile: ProfileModel, available_nodes: int) -> Part:
+    """Every node's GPUs, links and topology matrix: one rank per node, no process group."""
+    return Part(
+        name="nvlink-inventory", workload=INVENTORY, nodes=nodes_for(profile, available_nodes),
+        nproc_per_node=1, timeout_s=GPU_TIMEOUT_S, init_process_group=False,
+    )  # fmt: skip
+
+
+def traffic_part(profile: ProfileModel, available_nodes: int) -> Part:
+    return Part(
+        name="nvlink-traffic", workload=TRAFFIC, options=TRAFFIC_OPTIONS,
+        nodes=nodes_for(profile, available_nodes), timeout_s=GPU_TIMEOUT_S,
+    )  # fmt: skip
+
+
+def speedup_sizes(profile: ProfileModel) -> list[int]:
+    assert profile.nvlink is not None
+    return sorted({int(s) for s in profile.nvlink.speedup_sizes})
+
+
+def speedup_parts(profile: ProfileModel) -> tuple[Part, Part]:
+    """(fast, slow) on a GPU node: the all_reduce sweep as configured, and with NCCL P2P off."""
+    span, _ = sweep_span(speedup_sizes(profile))
+    options = {"collective": "all_reduce", **span, "in_place": False, "repeat": profile.collectives.repeat}
+    options |= {"warmup": 5, "iters": 20}
+    fast = Part("nvlink-speedup-nccl-p2p", SWEEP, options, nodes=1, timeout_s=GPU_TIMEOUT_S)
+    slow = Part(
+        "nvlink-speedup-nccl-p2p-disabled", SWEEP, options, nodes=1, env=P2P_OFF, timeout_s=GPU_TIMEOUT_S
+    )
+    return fast, slow
+
+
+def shm_vs_gloo_part(profile: ProfileModel) -> Part:
+    """The CPU analogue: DeepSpeed's shm all_reduce and gloo's, interleaved repeat by repeat."""
+    span, _ = sweep_span(speedup_sizes(profile))
+    options = {
+        **span,
+        "warmup": 3,
+        "iters": 10,
+        "repeat": max(profile.collectives.repeat, 5),
+        "dtype": "float32",
+    }
+    return Part("nvlink-speedup-shm", SHM_VS_GLOO, options, nodes=1, timeout_s=SHM_TIMEOUT_S)
+
+
+def isolated_part(profile: ProfileModel, env: Mapping[str, str], nodes: int, name: str) -> Part:
+    """One all_reduce size (the largest speedup size), out of place, in an environment that leaves
+    one fabric only."""
+    size = speedup_sizes(profile)[-1]
+    options = {
+        "collective": "all_reduce", "min_bytes": size, "max_bytes": size, "in_place": False,
+        "repeat": profile.collectives.repeat,
+    }  # fmt: skip
+    return Part(name, SWEEP, options, nodes=nodes, env=env, timeout_s=GPU_TIMEOUT_S)
+
+
+def sweep_span(sizes: Iterable[int]) -> tuple[dict[str, int], list[int]]:
+    """Sweep options (``min_bytes``, ``max_bytes``, ``factor``) that visit every size in ``sizes``,
+    and the sizes that sweep will visit.
+
+    Sizes in a geometric series (16 MiB; 1 MiB and 16 MiB; 1, 4 and 16 MiB) are visited alone;
+    others are reached with factor 2 when each is a power-of-two multiple of the smallest.
+    """
+    wanted = sorted({int(s) for s in sizes})
+    if not wanted or wanted[0] <= 0:
+        raise ValueError(f"need at least one positive message size, got {wanted}")
+    low, high = wanted[0], wanted[-1]
+    factor = 2
+    if len(wanted) > 1 and wanted[1] % low == 0:
+        factor = wanted[1] // low
+    visited = sweep_sizes(low, high, factor)
+    if not set(wanted) <= set(visited):
+        factor = 2
+        visited = sweep_sizes(low, high, factor)
+    missing = sorted(set(wanted) - set(visited))
+    if missing:
+        raise ValueError(
+            f"message sizes {', '.join(size_text(s) for s in missing)} are not a power-of-two multiple of the "
+            f"smallest, {size_text(low)}; a sweep from {size_text(low)} doubling each step cannot reach them"
+        )
+    return {"min_bytes": low, "max_bytes": high, "factor": factor}, visited
