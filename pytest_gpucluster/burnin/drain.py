@@ -18,6 +18,7 @@ Standard library only; no torch, no pytest.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -35,6 +36,7 @@ __all__ = [
     "SUSPECTS_FILE",
     "DrainOutcome",
     "Suspect",
+    "SuspectLog",
     "drain_argv",
     "drain_commands",
     "read_suspects",
@@ -248,3 +250,37 @@ def run_drain(
             continue
         outcomes.append(DrainOutcome(argv, done.returncode, (done.stdout or "") + (done.stderr or "")))
     return outcomes
+
+
+class SuspectLog:
+    """A session's suspects: added to ``suspects.json`` as they are found, listed (and, when asked,
+    drained) when the session ends. The file exists from the start: "no suspects" is an answer."""
+
+    def __init__(self, results_dir: Path) -> None:
+        self.path = results_dir / SUSPECTS_FILE
+        self.found: list[Suspect] = []
+        write_suspects(self.path, [])
+
+    def add(self, suspects: Iterable[Suspect], source: str) -> None:
+        """Record ``suspects`` found by the test ``source`` (its node id)."""
+        named = [dataclasses.replace(s, source=source) for s in suspects]
+        self.found += named
+        write_suspects(self.path, named)
+
+    def finish(self, write: Callable[[str], None], *, drain: bool) -> None:
+        """Say who is suspect and how to drain them; run the drain commands with ``drain``."""
+        if not self.found:
+            write(f"burn-in: no suspect node ({self.path})")
+            return
+        write(f"burn-in: {len(self.found)} suspect(s), written to {self.path}:")
+        for suspect in self.found:
+            write(f"  {suspect.line()}")
+        commands = drain_commands(self.found)
+        if commands and drain:
+            write("burn-in: draining (--gpucluster-drain):")
+            for outcome in run_drain(commands):
+                write(f"  {outcome.line()}")
+        elif commands:
+            write("burn-in: to drain them (run by --gpucluster-drain):")
+            for argv in commands:
+                write(f"  {shell_line(argv)}")

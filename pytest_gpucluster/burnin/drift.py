@@ -39,6 +39,7 @@ __all__ = [
     "VersionPin",
     "check_agreement",
     "check_pins",
+    "fleet_versions",
     "nccl_log_fingerprints",
     "node_fingerprints",
     "parse_pin",
@@ -262,3 +263,20 @@ def nccl_log_fingerprints(
         for rank in ranks:
             pseudo.append({"rank": len(pseudo), "host": rank.host, "versions": _facts_versions(rank, log)})
     return node_fingerprints(pseudo)
+
+
+def fleet_versions(
+    rank_values: Sequence[Mapping[str, Any]],
+    pins: Mapping[str, str],
+    logs: Sequence[tuple[str, NcclLog]] = (),
+) -> tuple[dict[str, dict[str, Any]], list[DriftFinding]]:
+    """Every node's versions (the ranks' own, completed by NCCL's word in ``logs``) and every
+    finding: ranks of a node that disagree, pins missed, and nodes that differ from the others."""
+    fingerprints, findings = node_fingerprints(rank_values)
+    if logs:
+        from_logs, log_findings = nccl_log_fingerprints(logs)
+        findings += log_findings
+        for host, versions in from_logs.items():
+            fingerprints.setdefault(host, {}).update(versions)
+    findings += check_pins(fingerprints, pins) + check_agreement(fingerprints)
+    return fingerprints, findings

@@ -1,21 +1,18 @@
-"""Planning and judging the collective acceptance tests (``acceptance/test_collectives.py``).
+"""Verdicts of the collective acceptance tests (``acceptance/test_collectives.py``).
 
-Pure: no torch, no pytest, no launching. The test file asks this module
+Pure: no torch, no pytest, no launching (what to sweep is ``plans/collectives.py``). This module
+says
 
 - which tests there are (:func:`cases`): every collective on ``intra-node`` (a busbw curve for the
   report, checked or not), plus each (collective, scope) the profile's ``collectives.checks`` name;
 - how many nodes a scope means (:func:`scope_nodes`): intra-node 1, inter-node 2, full all;
-- what to sweep (:func:`sweep_requests`, :func:`plan_jobs`): the profile's ``-b -e -f`` grid per
-  collective, and a one-size sweep for every checked size off that grid. Scopes that land on the
-  same node count share one job, and one job sweeps every collective (``collectives:sweep_many``),
-  because each launch costs seconds of imports and rendezvous;
-- what the ranks measured (:func:`collect`), and what to record and gate (:func:`gates`): busbw per
-  size and placement, the time of each out-of-place point as ``latency``, and the wrong elements,
-  the median over ``repeat`` spans gated, the spread recorded, and a failure context that names the
+- what the ranks measured (:func:`collect`), and the checks of one case (:func:`collective_checks`):
+  busbw per size and placement, the time of each out-of-place point as ``latency``, and the wrong
+  elements, the median over ``repeat`` spans gated, the spread recorded, and a hint that names the
   size, scope, node count and the slowest rank with its host.
 
 It also turns parsed nccl-tests runs into the same points (:func:`points_from_runs`), so the
-binaries' output is gated by the same code.
+binaries' output is judged by the same code.
 """
 
 from __future__ import annotations
@@ -25,40 +22,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_gpucluster.errors import JobFailed, ProfileError
+from pytest_gpucluster.errors import JobFailed
 from pytest_gpucluster.maths.metrics import COLLECTIVES, summarize
-from pytest_gpucluster.maths.sweep import (
-    DTYPE_SIZES,
-    Point,
-    layout,
-    summarize_sweep,
-    sweep_sizes,
-)
+from pytest_gpucluster.maths.sweep import DTYPE_SIZES, Point, layout, summarize_sweep
 from pytest_gpucluster.parsers.nccl_tests import Run
-from pytest_gpucluster.profiles.schema import CollectiveCheck, CollectivesSection, SweepSettings
-from pytest_gpucluster.results.model import Spread
+from pytest_gpucluster.profiles.schema import CollectiveCheck, CollectivesSection
+from pytest_gpucluster.results.model import Check, Spread, ThresholdRef
 
 __all__ = [
     "SCOPES",
-    "WORKLOAD",
     "Case",
     "CollectiveData",
-    "Gate",
-    "SweepRequest",
     "cases",
     "collect",
-    "gates",
+    "collective_checks",
     "human_size",
-    "job_options",
-    "job_timeout",
-    "plan_jobs",
     "points_from_runs",
     "scope_nodes",
-    "sweep_requests",
 ]
 
 SCOPES = ("intra-node", "inter-node", "full")
-WORKLOAD = "pytest_gpucluster.workloads.collectives:sweep_many"
 
 
 def human_size(size: float) -> str:
@@ -114,90 +97,6 @@ def scope_nodes(scope: str, available_nodes: int) -> tuple[int, str | None]:
     raise ValueError(f"unknown scope {scope!r}; known: {', '.join(SCOPES)}")
 
 
-# ----------------------------------------------------------------------------------- the sweeps
-
-
-@dataclass(frozen=True, slots=True)
-class SweepRequest:
-    """One sweep of one collective over ``sweep_sizes(min_bytes, max_bytes, factor)``."""
-
-    collective: str
-    min_bytes: int
-    max_bytes: int
-    factor: int
-
-
-def _factor(settings: SweepSettings) -> int:
-    if settings.factor != int(settings.factor):
-        raise ProfileError(
-            f"collectives.sweep.factor is {settings.factor:g}; the sweep multiplies sizes by an integer, "
-            "like nccl-tests -f (use 2, 4...)"
-        )
-    return int(settings.factor)
-
-
-def sweep_requests(case: Case, settings: SweepSettings) -> list[SweepRequest]:
-    """The profile's grid for the case's collective, plus one one-size sweep per checked size
-    that the grid does not visit (a 32 GB check beyond a 16 GiB grid, a 3 MiB one between points)."""
-    factor = _factor(settings)
-    lo, hi = int(settings.min_bytes), int(settings.max_bytes)
-    grid = set(sweep_sizes(lo, hi, factor))
-    requests = [SweepRequest(case.collective, lo, hi, factor)]
-    for size in sorted({int(check.size) for _, check in case.checks} - grid):
-        requests.append(SweepRequest(case.collective, size, size, factor))
-    return requests
-
-
-def plan_jobs(
-    selected: Sequence[Case], settings: SweepSettings, available_nodes: int
-) -> dict[int, list[SweepRequest]]:
-    """``nodes -> sweeps``: one job per node count, every sweep the selected cases need once."""
-    plan: dict[int, list[SweepRequest]] = {}
-    for case in selected:
-        nodes, reason = scope_nodes(case.scope, available_nodes)
-        if reason is not None:
-            continue
-        requests = plan.setdefault(nodes, [])
-        requests += [r for r in sweep_requests(case, settings) if r not in requests]
-    return plan
-
-
-def job_options(requests: Sequence[SweepRequest], settings: SweepSettings, repeat: int) -> dict[str, Any]:
-    """The ``options`` of one ``sweep_many`` job."""
-    common = {
-        "warmup": settings.warmup,
-        "iters": settings.iters,
-        "dtype": settings.dtype,
-        "op": settings.op,
-        "check": settings.check,
-        "repeat": repeat,
-    }
-    sweeps = [
-        {
-            **common,
-            "collective": r.collective,
-            "min_bytes": r.min_bytes,
-            "max_bytes": r.max_bytes,
-            "factor": r.factor,
-        }
-        for r in requests
-    ]
-    return {"sweeps": sweeps}
-
-
-def job_timeout(
-    requests: Sequence[SweepRequest], settings: SweepSettings, repeat: int, backend: str
-) -> float:
-    """A deadline for one sweep job that no healthy run comes near: every collective call of the
-    plan (warm-up, sync, ``repeat`` x ``iters`` timed, the check; both placements) moving its
-    bytes at a floor rate far below any working fabric — 0.05 GB/s for gloo (a 2-core VM does
-    1.2 GB/s), 2 GB/s for NCCL — plus 5 s per sweep and 120 s for start-up."""
-    floor = 0.05e9 if backend == "gloo" else 2e9
-    calls = 2 * (repeat * settings.iters + 2) + 2 * settings.warmup
-    moved = sum(sum(sweep_sizes(r.min_bytes, r.max_bytes, r.factor)) * calls for r in requests)
-    return 120.0 + 5.0 * len(requests) + moved / floor
-
-
 # ----------------------------------------------------------------------------------- the results
 
 
@@ -214,27 +113,23 @@ class CollectiveData:
     """``(size_bytes, in_place) -> wrong elements per rank`` where the check ran."""
 
 
-def collect(
-    values: Sequence[Mapping[str, Any]], requests: Sequence[SweepRequest]
-) -> dict[str, CollectiveData]:
+def collect(values: Sequence[Mapping[str, Any]]) -> dict[str, CollectiveData]:
     """Per collective, the points of all its sweeps in one job (``values``: each rank's return
-    value of ``sweep_many``, in rank order), merged by size and placement."""
+    value of ``collectives:sweep_many``, in rank order), merged by size and placement."""
     if not values:
         raise JobFailed("the collective sweep job returned no rank values")
     hosts = tuple(str(v.get("host", "?")) for v in values)
-    count = len(values[0]["sweeps"])
-    if count != len(requests):
-        raise JobFailed(f"the sweep job returned {count} sweeps for {len(requests)} requested")
     merged: dict[str, dict[tuple[int, bool], Point]] = {}
     skipped: dict[str, str] = {}
     wrong: dict[str, dict[tuple[int, bool], tuple[int, ...]]] = {}
-    for index, request in enumerate(requests):
+    for index in range(len(values[0]["sweeps"])):
         per_rank = [v["sweeps"][index] for v in values]
+        collective = str(per_rank[0]["collective"])
         reasons = sorted({str(p["skipped"]) for p in per_rank if "skipped" in p})
         if reasons:
-            skipped[request.collective] = "; ".join(reasons)
+            skipped[collective] = "; ".join(reasons)
             continue
-        points = merged.setdefault(request.collective, {})
+        points = merged.setdefault(collective, {})
         for point in summarize_sweep(per_rank):
             points.setdefault((point.size_bytes, point.in_place), point)
         for n, raw in enumerate(per_rank[0]["points"]):
@@ -242,9 +137,9 @@ def collect(
                 cells = [r["points"][n].get(placement) for r in per_rank]
                 if cells[0] is not None and all(c and c.get("wrong") is not None for c in cells):
                     key = (int(raw["size_bytes"]), placement == "in_place")
-                    wrong.setdefault(request.collective, {})[key] = tuple(int(c["wrong"]) for c in cells)
+                    wrong.setdefault(collective, {})[key] = tuple(int(c["wrong"]) for c in cells)
     out: dict[str, CollectiveData] = {}
-    for collective in dict.fromkeys(r.collective for r in requests):
+    for collective in dict.fromkeys(str(s["collective"]) for s in values[0]["sweeps"]):
         if collective in skipped:
             out[collective] = CollectiveData(collective, skipped=skipped[collective], hosts=hosts)
         else:
@@ -297,31 +192,8 @@ def points_from_runs(runs_per_repeat: Sequence[Sequence[Run]]) -> list[Point]:
 # ----------------------------------------------------------------------------------- the verdicts
 
 
-@dataclass(frozen=True, slots=True)
-class Gate:
-    """One call of ``Recorder.check``: a value, its threshold (None records it as info), and what
-    the failure message adds."""
-
-    metric: str
-    value: float
-    threshold: float | None
-    unit: str
-    comparison: str
-    scope: str
-    labels: dict[str, Any]
-    spread: Spread | None = None
-    source: str | None = None
-    context: str = ""
-
-
-def _spread(values: Sequence[float]) -> Spread:
-    s = summarize(values)
-    return Spread(median=s.median, min=s.min, max=s.max, mad=s.mad, n=s.n, values=tuple(values))
-
-
-def _check_source(profile: str, index: int, check: CollectiveCheck, key: str) -> str:
-    text = f"profile {profile}: collectives.checks[{index}].{key}"
-    return f"{text}, {check.source}" if check.source else text
+def _ref(profile: str, index: int, key: str) -> ThresholdRef:
+    return ThresholdRef(profile, ("collectives", "checks", index, key))
 
 
 def _who(point: Point, hosts: Sequence[str]) -> str:
@@ -344,7 +216,101 @@ def _who(point: Point, hosts: Sequence[str]) -> str:
     return f"slowest rank {r} on {host} (time per op: {shown}{more})"
 
 
-def gates(
+Limit = tuple[float, ThresholdRef, str]
+"""A threshold, its profile key, and the profile entry's own note on where it comes from."""
+
+
+def _limits(case: Case, nranks: int, dtype: str, profile: str) -> tuple[dict[int, Limit], dict[int, Limit]]:
+    """The floors and ceilings the case's profile checks set, by the size nccl-tests reports for
+    them (all_gather of 1000 B is a 992 B buffer on 2 ranks); the strictest where two overlap."""
+    elt = DTYPE_SIZES.get(dtype, 4)
+    floor: dict[int, Limit] = {}
+    ceiling: dict[int, Limit] = {}
+    for index, check in case.checks:
+        size = layout(case.collective, int(check.size), elt, nranks).size_bytes if nranks else int(check.size)
+        note = check.source or ""
+        if check.min_busbw is not None and check.min_busbw > floor.get(size, (-1.0,))[0]:
+            floor[size] = (check.min_busbw, _ref(profile, index, "min_busbw"), note)
+        if check.max_latency is not None and check.max_latency < ceiling.get(size, (float("inf"),))[0]:
+            ceiling[size] = (check.max_latency, _ref(profile, index, "max_latency"), note)
+    return floor, ceiling
+
+
+def _hint(where: str, limit: Limit | None) -> str:
+    return f"{where}. Threshold: {limit[2]}" if limit and limit[2] else where
+
+
+def _point_checks(
+    p: Point, labels: dict[str, Any], scope: str, where: str, floor: Limit | None, ceiling: Limit | None
+) -> list[Check]:
+    """busbw of one point (both placements); the time of one call at out-of-place points."""
+    busbw = [
+        p.size_bytes / (t * 1e-6) * (p.busbw_gbs / p.algbw_gbs if p.algbw_gbs else 0.0)
+        for t in p.repeat_time_us
+    ]
+    out = [
+        Check(
+            f"collectives.{p.collective}.busbw",
+            p.busbw_gbs * 1e9,
+            "B/s",
+            floor[0] if floor else None,
+            ">=",
+            floor[1] if floor else None,
+            scope,
+            labels,
+            Spread.of(busbw) if busbw and all(t > 0 for t in p.repeat_time_us) else None,
+            _hint(where, floor),
+        )
+    ]
+    if not p.in_place:
+        out.append(
+            Check(
+                f"collectives.{p.collective}.latency",
+                p.time_us * 1e-6,
+                "s",
+                ceiling[0] if ceiling else None,
+                "<=",
+                ceiling[1] if ceiling else None,
+                scope,
+                {k: v for k, v in labels.items() if k != "placement"},
+                Spread.of(t * 1e-6 for t in p.repeat_time_us) if p.repeat_time_us else None,
+                _hint(where, ceiling),
+            )
+        )
+    return out
+
+
+def _wrong_check(
+    case: Case, data: CollectiveData, labels: dict[str, Any], nodes: int, origin: str
+) -> Check | None:
+    """Wrong elements summed over the sweep: every element of every result must be exact."""
+    checked = [p for p in data.points if p.wrong is not None]
+    if not checked:
+        return None
+    bad = [p for p in checked if p.wrong]
+    detail = "; ".join(
+        f"{human_size(p.size_bytes)} {p.placement.replace('_', '-')}: {p.wrong}"
+        + _wrong_ranks(data.wrong_by_rank.get((p.size_bytes, p.in_place)), data.hosts)
+        for p in bad[:5]
+    )
+    return Check(
+        f"collectives.{case.collective}.wrong",
+        float(sum(int(p.wrong or 0) for p in checked)),
+        "elements",
+        0.0,
+        "==",
+        None,
+        case.scope,
+        labels,
+        hint=(
+            f"{case.collective} on {nodes} node(s), scope {case.scope}, returned wrong data: {detail}"
+            f"{' ...' if len(bad) > 5 else ''}. nccl-tests -c: every element of every result must be exact. "
+            f"Numbers from {origin}"
+        ),
+    )
+
+
+def collective_checks(
     case: Case,
     data: CollectiveData,
     *,
@@ -353,108 +319,42 @@ def gates(
     dtype: str,
     origin: str,
     tool: str | None = None,
-) -> list[Gate]:
-    """What to record and gate for one case: busbw of every point (both placements), the time
+) -> list[Check]:
+    """What to record and judge for one case: busbw of every point (both placements), the time
     of every out-of-place point as ``latency``, and the wrong elements summed over the sweep.
 
     The profile's checks set the thresholds of the points at their sizes (out-of-place, as
-    nccl-tests numbers are usually quoted); every other value is recorded as info. ``origin``
-    says where the numbers come from (job directory, command line) for the failure message;
+    nccl-tests numbers are usually quoted); every other value is recorded as information.
+    ``origin`` says where the numbers come from (job directory, command line) for the hints;
     ``tool`` labels values from somewhere other than our own sweep (``"nccl-tests"``).
     """
-    name, scope = case.collective, case.scope
-    points = data.points
+    name, scope, points = case.collective, case.scope, data.points
     if not points:
         raise JobFailed(f"the sweep of {name} ({scope}) returned no points; {origin}")
     nranks = points[0].nranks
-    elt = DTYPE_SIZES.get(dtype, 4)
-    floor: dict[int, tuple[float, str]] = {}
-    ceiling: dict[int, tuple[float, str]] = {}
-    for index, check in case.checks:
-        size = layout(name, int(check.size), elt, nranks).size_bytes if nranks else int(check.size)
-        if check.min_busbw is not None and check.min_busbw > floor.get(size, (-1.0, ""))[0]:
-            floor[size] = (check.min_busbw, _check_source(profile, index, check, "min_busbw"))
-        if check.max_latency is not None and check.max_latency < ceiling.get(size, (float("inf"), ""))[0]:
-            ceiling[size] = (check.max_latency, _check_source(profile, index, check, "max_latency"))
+    floor, ceiling = _limits(case, nranks, dtype, profile)
     missing = sorted((set(floor) | set(ceiling)) - {p.size_bytes for p in points if not p.in_place})
     if missing:
         raise JobFailed(
             f"{name} ({scope}): no measurement at the checked size(s) {', '.join(map(human_size, missing))}; {origin}"
         )
     ranks_per_node = nranks // nodes if nodes and nranks else nranks
-    out: list[Gate] = []
+    common: dict[str, Any] = {"collective": name, "dtype": dtype, "nodes": nodes} | (
+        {"tool": tool} if tool else {}
+    )
+    out: list[Check] = []
     for p in points:
-        placement = p.placement.replace("_", "-")
-        labels: dict[str, Any] = {"size_bytes": p.size_bytes, "collective": name, "placement": p.placement}
-        labels |= {"dtype": dtype, "nodes": nodes}
-        if tool:
-            labels["tool"] = tool
+        labels = {"size_bytes": p.size_bytes, "collective": name, "placement": p.placement} | common
         where = (
-            f"{name} of {human_size(p.size_bytes)} ({placement}, {dtype}) on {nodes} node(s) x "
-            f"{ranks_per_node} ranks, scope {scope}: {_who(p, data.hosts)}. Numbers from {origin}"
+            f"{name} of {human_size(p.size_bytes)} ({p.placement.replace('_', '-')}, {dtype}) on {nodes} node(s) "
+            f"x {ranks_per_node} ranks, scope {scope}: {_who(p, data.hosts)}. Numbers from {origin}"
         )
-        busbw = [
-            p.size_bytes / (t * 1e-6) * (p.busbw_gbs / p.algbw_gbs if p.algbw_gbs else 0.0)
-            for t in p.repeat_time_us
-        ]
-        gated_busbw = floor.get(p.size_bytes) if not p.in_place else None
-        out.append(
-            Gate(
-                metric=f"collectives.{name}.busbw",
-                value=p.busbw_gbs * 1e9,
-                threshold=gated_busbw[0] if gated_busbw else None,
-                unit="B/s",
-                comparison=">=",
-                scope=scope,
-                labels=labels,
-                spread=_spread(busbw) if busbw and all(t > 0 for t in p.repeat_time_us) else None,
-                source=gated_busbw[1] if gated_busbw else None,
-                context=where,
-            )
+        gated = not p.in_place
+        out += _point_checks(
+            p, labels, scope, where, floor.get(p.size_bytes) if gated else None, ceiling.get(p.size_bytes)
         )
-        if not p.in_place:
-            gated_time = ceiling.get(p.size_bytes)
-            out.append(
-                Gate(
-                    metric=f"collectives.{name}.latency",
-                    value=p.time_us * 1e-6,
-                    threshold=gated_time[0] if gated_time else None,
-                    unit="s",
-                    comparison="<=",
-                    scope=scope,
-                    labels={k: v for k, v in labels.items() if k != "placement"},
-                    spread=_spread([t * 1e-6 for t in p.repeat_time_us]) if p.repeat_time_us else None,
-                    source=gated_time[1] if gated_time else None,
-                    context=where,
-                )
-            )
-    checked = [p for p in points if p.wrong is not None]
-    if checked:
-        total = sum(int(p.wrong or 0) for p in checked)
-        bad = [p for p in checked if p.wrong]
-        detail = "; ".join(
-            f"{human_size(p.size_bytes)} {p.placement.replace('_', '-')}: {p.wrong}"
-            + _wrong_ranks(data.wrong_by_rank.get((p.size_bytes, p.in_place)), data.hosts)
-            for p in bad[:5]
-        )
-        labels = {"collective": name, "dtype": dtype, "nodes": nodes} | ({"tool": tool} if tool else {})
-        out.append(
-            Gate(
-                metric=f"collectives.{name}.wrong",
-                value=float(total),
-                threshold=0.0,
-                unit="elements",
-                comparison="==",
-                scope=scope,
-                labels=labels,
-                source="nccl-tests -c: every element of every result must be exact",
-                context=(
-                    f"{name} on {nodes} node(s), scope {scope}, returned wrong data: {detail}"
-                    f"{' ...' if len(bad) > 5 else ''}. Numbers from {origin}"
-                ),
-            )
-        )
-    return out
+    wrong = _wrong_check(case, data, common, nodes, origin)
+    return out + ([wrong] if wrong is not None else [])
 
 
 def _wrong_ranks(per_rank: Sequence[int] | None, hosts: Sequence[str]) -> str:

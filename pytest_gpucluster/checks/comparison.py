@@ -1,41 +1,30 @@
 """One collective, two ways (two environments, or two transports), and the ratio between them.
 
-The NVLink speedup test asks "how much faster is the fast path than the slow one?" in three
-settings, all answered here with the same arithmetic:
+The NVLink speedup test asks "how much faster is the fast path than the slow one?" in two
+settings, both read here with the same arithmetic:
 
-- on GPUs, the same NCCL all_reduce sweep launched twice: with the default environment and
-  with ``NCCL_P2P_DISABLE=1`` (:func:`compare_runs`, runs alternated round by round);
+- on GPUs, the same NCCL all_reduce sweep run twice: with the default environment and with
+  ``NCCL_P2P_DISABLE=1`` (two jobs, each read by :func:`sweep_busbw`, joined by :func:`pair`);
 - on CPUs, DeepSpeed's shared-memory all_reduce against gloo's, timed side by side in one job
-  (:func:`shm_vs_gloo`);
-- the isolation checks reuse :func:`sweep_span` and :func:`sweep_busbw` to run and read one
-  side alone.
+  (:func:`shm_vs_gloo`).
 
 Every side is kept as the bus bandwidth (bytes/s) of each timed repeat per message size, so
 the ratio of the medians is the headline number and the paired per-repeat ratios show the
-noise. Parent side and pure: no torch, no pytest; a cluster is anything with ``run(...)``.
+noise. Pure: no torch, no pytest, no launching (``plans/nvlink.py`` says what runs).
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pytest_gpucluster.maths.metrics import bus_factor
-from pytest_gpucluster.maths.sweep import Point, summarize_sweep, sweep_sizes
+from pytest_gpucluster.maths.sweep import Point
 from pytest_gpucluster.results.model import Spread
 
-__all__ = [
-    "Comparison",
-    "RatioPoint",
-    "compare_runs",
-    "pair",
-    "shm_vs_gloo",
-    "spread_of",
-    "sweep_busbw",
-    "sweep_span",
-]
+__all__ = ["Comparison", "RatioPoint", "pair", "shm_vs_gloo", "size_text", "spread_of", "sweep_busbw"]
 
 BusbwByRepeat = Mapping[int, Sequence[float]]
 """Message size (bytes) -> bus bandwidth (bytes/s) of each timed repeat."""
@@ -43,18 +32,7 @@ BusbwByRepeat = Mapping[int, Sequence[float]]
 
 def spread_of(values: Sequence[float]) -> Spread | None:
     """Median, range and MAD of repeated measurements; None for fewer than two."""
-    if len(values) < 2:
-        return None
-    data = sorted(values)
-    median = statistics.median(data)
-    return Spread(
-        median=median,
-        min=data[0],
-        max=data[-1],
-        mad=statistics.median(abs(v - median) for v in data),
-        n=len(data),
-        values=tuple(values),
-    )
+    return Spread.of(values) if len(values) >= 2 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,9 +91,9 @@ class Comparison:
         for point in self.points:
             if point.size_bytes == size_bytes:
                 return point
-        have = ", ".join(_size_text(p.size_bytes) for p in self.points) or "none"
+        have = ", ".join(size_text(p.size_bytes) for p in self.points) or "none"
         raise ValueError(
-            f"the {self.pair} comparison has no point at {_size_text(size_bytes)} (it has {have})"
+            f"the {self.pair} comparison has no point at {size_text(size_bytes)} (it has {have})"
         )
 
     def table(self) -> str:
@@ -126,13 +104,13 @@ class Comparison:
             ratios = p.repeat_ratios
             span = f"{min(ratios):.2f}..{max(ratios):.2f}" if ratios else "-"
             lines.append(
-                f"{_size_text(p.size_bytes):>9s}  {p.fast_busbw / 1e9:16.3f}  {p.slow_busbw / 1e9:22.3f}"
+                f"{size_text(p.size_bytes):>9s}  {p.fast_busbw / 1e9:16.3f}  {p.slow_busbw / 1e9:22.3f}"
                 f"  {p.ratio:6.2f}  {span}"
             )
         return "\n".join(lines)
 
 
-def _size_text(size: int) -> str:
+def size_text(size: int) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if size >= scale and size % scale == 0:
             return f"{size // scale} {unit}"
@@ -154,39 +132,12 @@ def pair(
     for size in wanted:
         for name, side in ((fast_name, fast), (slow_name, slow)):
             if not side.get(size):
-                have = ", ".join(_size_text(s) for s in sorted(side)) or "none"
-                raise ValueError(f"{name} has no measurement at {_size_text(size)} (it has {have})")
+                have = ", ".join(size_text(s) for s in sorted(side)) or "none"
+                raise ValueError(f"{name} has no measurement at {size_text(size)} (it has {have})")
         points.append(RatioPoint(size, tuple(map(float, fast[size])), tuple(map(float, slow[size]))))
     if not points:
         raise ValueError(f"{fast_name} and {slow_name} were measured at no common message size")
     return Comparison(fast_name, slow_name, tuple(points), origin)
-
-
-def sweep_span(sizes: Iterable[int]) -> tuple[dict[str, int], list[int]]:
-    """Sweep options (``min_bytes``, ``max_bytes``, ``factor``) that visit every size in ``sizes``,
-    and the sizes that sweep will visit.
-
-    Sizes in a geometric series (16 MiB; 1 MiB and 16 MiB; 1, 4 and 16 MiB) are visited alone;
-    others are reached with factor 2 when each is a power-of-two multiple of the smallest.
-    """
-    wanted = sorted({int(s) for s in sizes})
-    if not wanted or wanted[0] <= 0:
-        raise ValueError(f"need at least one positive message size, got {wanted}")
-    low, high = wanted[0], wanted[-1]
-    factor = 2
-    if len(wanted) > 1 and wanted[1] % low == 0:
-        factor = wanted[1] // low
-    visited = sweep_sizes(low, high, factor)
-    if not set(wanted) <= set(visited):
-        factor = 2
-        visited = sweep_sizes(low, high, factor)
-    missing = sorted(set(wanted) - set(visited))
-    if missing:
-        raise ValueError(
-            f"message sizes {', '.join(_size_text(s) for s in missing)} are not a power-of-two multiple of the "
-            f"smallest, {_size_text(low)}; a sweep from {_size_text(low)} doubling each step cannot reach them"
-        )
-    return {"min_bytes": low, "max_bytes": high, "factor": factor}, visited
 
 
 def sweep_busbw(points: Iterable[Point], in_place: bool = False) -> dict[int, tuple[float, ...]]:
@@ -217,7 +168,7 @@ def shm_vs_gloo(rank_values: Sequence[Mapping[str, Any]], sizes: Iterable[int] |
         wrong = sum(int(v["points"][index].get("shm_wrong") or 0) for v in values)
         if wrong:
             raise ValueError(
-                f"DeepSpeed's shm all_reduce summed {wrong} element(s) wrongly at {_size_text(size)}: "
+                f"DeepSpeed's shm all_reduce summed {wrong} element(s) wrongly at {size_text(size)}: "
                 "its speed means nothing until it is correct"
             )
         for key, side in sides.items():
@@ -233,47 +184,4 @@ def shm_vs_gloo(rank_values: Sequence[Mapping[str, Any]], sizes: Iterable[int] |
         slow_name="gloo",
         sizes=sizes,
         origin=f"one job of {n} ranks on {host}, shm and gloo interleaved repeat by repeat",
-    )
-
-
-def compare_runs(
-    cluster: Any,
-    workload: str,
-    *,
-    options: Mapping[str, Any],
-    env_fast: Mapping[str, str],
-    env_slow: Mapping[str, str],
-    fast_name: str,
-    slow_name: str,
-    summarize: Callable[[list[Any]], BusbwByRepeat] | None = None,
-    sizes: Iterable[int] | None = None,
-    rounds: int = 1,
-    name: str = "compare",
-    **run_kwargs: Any,
-) -> Comparison:
-    """Run ``workload`` with ``env_fast`` and with ``env_slow`` (alternating which goes first each
-    round) and pair what ``summarize`` reads from each job's rank values (default: a collective
-    sweep's out-of-place busbw). ``JobFailed``/``JobSkipped`` of either job propagate.
-    """
-    if rounds < 1:
-        raise ValueError(f"rounds must be at least 1, got {rounds}")
-    read = summarize or (lambda values: sweep_busbw(summarize_sweep(values)))
-    collected: dict[str, dict[int, list[float]]] = {fast_name: {}, slow_name: {}}
-    jobs: list[str] = []
-    sides = [(fast_name, env_fast), (slow_name, env_slow)]
-    for index in range(rounds):
-        for side, env in sides if index % 2 == 0 else sides[::-1]:
-            job = cluster.run(
-                workload, env=dict(env), options=dict(options), name=f"{name}-{side}", **run_kwargs
-            )
-            for size, busbws in read(job.values).items():
-                collected[side].setdefault(int(size), []).extend(busbws)
-            jobs.append(str(getattr(job, "job_id", "?")))
-    return pair(
-        collected[fast_name],
-        collected[slow_name],
-        fast_name=fast_name,
-        slow_name=slow_name,
-        sizes=sizes,
-        origin=f"{2 * rounds} jobs ({', '.join(jobs)})",
     )

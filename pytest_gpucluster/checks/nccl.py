@@ -1,10 +1,11 @@
 """Does an NCCL log show the fabric a profile promises? Compare parsed logs with the ``nccl:`` section.
 
 Pure: texts, an :class:`~pytest_gpucluster.parsers.nccl_log.NcclLog` and a
-:class:`~pytest_gpucluster.profiles.schema.NcclSection` in, :class:`Finding` values out; no I/O, no
-pytest, no torch. ``acceptance/test_nccl.py`` reads the files (``--nccl-log`` or a launched probe's
-per-rank logs), calls :func:`read_logs`, then :func:`check_expectation` per expectation and
-:func:`check_agreement`, and asserts each finding through ``results.check``.
+:class:`~pytest_gpucluster.profiles.schema.NcclSection` in, :class:`Finding` values out, and each
+finding as a `Check` (:func:`finding_checks`, :func:`agreement_check`); no I/O, no pytest, no torch.
+``acceptance/test_nccl.py`` reads the files (``--nccl-log`` or a launched probe's per-rank logs),
+calls `checks.nccl_logs.read_logs`, then judges the checks of :func:`check_expectation` per expectation and
+of :func:`check_agreement` with ``results.check_all``.
 
 Every finding carries its evidence: the log line that contradicts (or confirms) the expectation,
 as ``file:line: text``, or the sentence saying which line was looked for and not found -- what an
@@ -13,31 +14,31 @@ engineer otherwise does by hand in the rank-0 log.
 
 from __future__ import annotations
 
-import bisect
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-from pytest_gpucluster.errors import ParseError, ProfileError
+from pytest_gpucluster.checks.nccl_logs import LogSet, clip
+from pytest_gpucluster.errors import ProfileError
 from pytest_gpucluster.parsers.nccl_log import (
     Evidence,
     Fact,
     NcclLog,
     RankFacts,
     disagreements,
-    parse_nccl_log,
 )
 from pytest_gpucluster.profiles.schema import NcclSection
+from pytest_gpucluster.results.model import Check, ThresholdRef
 
 __all__ = [
     "EXPECTATIONS",
     "Finding",
-    "LogSet",
+    "agreement_check",
     "check_agreement",
     "check_expectation",
     "check_profile",
     "expectations_of",
-    "read_logs",
+    "finding_checks",
     "version_at_least",
     "version_tuple",
 ]
@@ -91,8 +92,6 @@ _NEXT = {
     ),
 }
 
-_MAX_QUOTE = 300
-
 
 @dataclass(frozen=True, slots=True)
 class Finding:
@@ -128,78 +127,6 @@ class Finding:
         return f"{text}. Next: {self.hint}" if self.hint and not self.ok else text
 
 
-# --- several files as one log -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class LogSet:
-    """One or more log files read as one job: the facts they agree on, and what each rank said.
-
-    ``log`` is all files parsed as one text (the consensus, with line numbers in that joined text,
-    which :meth:`quote` maps back to ``file:line``). ``sources`` are what the agreement check
-    compares: every rank named by a ``host:pid:tid [dev]`` prefix, plus, for a file with no such
-    prefix at all (a stripped per-node log), the file itself. Line numbers in ``sources`` are the
-    file's own.
-    """
-
-    log: NcclLog
-    sources: tuple[tuple[str, RankFacts], ...]
-    starts: tuple[int, ...]  # first line of each file in the joined text, 1-based
-    names: tuple[str, ...]
-
-    def where(self, ev: Evidence) -> str:
-        """``file:line`` for a line of the joined text."""
-        i = bisect.bisect_right(self.starts, ev.line_no) - 1
-        return f"{self.names[i]}:{ev.line_no - self.starts[i] + 1}"
-
-    def quote(self, ev: Evidence) -> str:
-        return f"{self.where(ev)}: {_clip(ev.text)}"
-
-
-def _clip(text: str) -> str:
-    text = text.strip()
-    return text if len(text) <= _MAX_QUOTE else text[: _MAX_QUOTE - 3] + "..."
-
-
-def _complete_lines(text: str) -> str:
-    """The text up to its last line end: a last line without one was cut mid-write (as the parser rules)."""
-    if text.endswith(("\n", "\r")) or "\n" not in text:
-        return text if text.endswith(("\n", "\r")) else text + "\n"
-    return text[: text.rindex("\n") + 1]
-
-
-def read_logs(named: Sequence[tuple[str, str]]) -> LogSet:
-    """Parse ``(name, text)`` pairs as the logs of one job; ParseError names a file with no NCCL line."""
-    if not named:
-        raise ParseError("no NCCL log to read: give at least one file")
-    sources: list[tuple[str, RankFacts]] = []
-    parts: list[str] = []
-    starts: list[int] = []
-    line = 1
-    for index, (name, text) in enumerate(named):
-        try:
-            own = parse_nccl_log(text)
-        except ParseError as exc:
-            raise ParseError(f"{name}: {exc}") from None
-        if own.per_rank:
-            sources.extend((name, rank) for rank in own.per_rank)
-        elif own.unattributed is not None:
-            sources.append((name, _renamed(own.unattributed, name)))
-        last = index == len(named) - 1
-        part = text if last else _complete_lines(text)
-        starts.append(line)
-        parts.append(part)
-        line += len(part.splitlines())
-    log = parse_nccl_log("".join(parts)) if len(named) > 1 else own
-    return LogSet(log, tuple(sources), tuple(starts), tuple(name for name, _ in named))
-
-
-def _renamed(rank: RankFacts, name: str) -> RankFacts:
-    values = {f.name: getattr(rank, f.name) for f in fields(rank)}
-    values["key"] = name
-    return RankFacts(**values)
-
-
 # --- versions -----------------------------------------------------------------------------------------
 
 _NUMBERS = re.compile(r"\d+(?:\.\d+)*")
@@ -229,7 +156,7 @@ Quote = Callable[[Evidence], str]
 
 
 def _default_quote(ev: Evidence) -> str:
-    return f"line {ev.line_no}: {_clip(ev.text)}"
+    return f"line {ev.line_no}: {clip(ev.text)}"
 
 
 def expectations_of(section: NcclSection | None) -> tuple[str, ...]:
@@ -409,7 +336,7 @@ def check_agreement(logs: LogSet) -> list[Finding]:
     ranks = tuple(rank for _, rank in logs.sources)
 
     def cite(rank: RankFacts, fact: Fact) -> str:
-        return f"{file_of[id(rank)]}:{fact.evidence.line_no}: {_clip(fact.evidence.text)}"
+        return f"{file_of[id(rank)]}:{fact.evidence.line_no}: {clip(fact.evidence.text)}"
 
     findings = []
     for d in disagreements(NcclLog(per_rank=ranks)):
@@ -426,3 +353,53 @@ def check_agreement(logs: LogSet) -> list[Finding]:
         expected = f"{' or '.join(names)} loaded on every rank ({len(loaded)} loaded it)"
         findings.append(Finding("agreement.net_plugin", expected, found, evidence, False, _NEXT["agreement"]))
     return findings
+
+
+# --- findings as checks ----------------------------------------------------------------------------
+
+
+def _hint(finding: Finding, origin: str, probe_nodes: int | None) -> str:
+    text = f"{finding.because[0].upper()}{finding.because[1:]} (logs from {origin})"
+    if finding.hint:
+        text += f". Next: {finding.hint}"
+    if finding.found is None and probe_nodes == 1:
+        text += (
+            "; the probe ran on 1 node, where NCCL may not need the network at all: pass --hostfile with "
+            "2 or more hosts"
+        )
+    return text
+
+
+def finding_checks(
+    findings: Sequence[Finding], profile: str, origin: str, probe_nodes: int | None = None
+) -> list[Check]:
+    """One check per finding: the log agrees with the profile's key (1) or not (0).
+
+    ``origin`` says where the logs come from; ``probe_nodes`` is the node count of a launched
+    probe (None for ``--nccl-log``): on 1 node a missing network line is no surprise."""
+    return [
+        Check(
+            f.metric,
+            float(f.ok),
+            "bool",
+            1.0,
+            "==",
+            ThresholdRef(profile, ("nccl", *f.expectation.split("."))),
+            labels={"expected": f.expected, "found": f.found or "not in the log"},
+            hint=_hint(f, origin, probe_nodes),
+        )
+        for f in findings
+    ]
+
+
+def agreement_check(findings: Sequence[Finding], ranks: int, origin: str) -> Check:
+    """Every rank loaded the same NCCL, plugin and network (1), or the facts they differ on (0)."""
+    return Check(
+        "nccl.ranks_agree",
+        float(not findings),
+        "bool",
+        1.0,
+        "==",
+        labels={"ranks": ranks, "differ_on": ", ".join(f.expectation for f in findings) or "nothing"},
+        hint=" ".join(f"{f.message}." for f in findings) + f" (logs from {origin})",
+    )

@@ -1,10 +1,10 @@
 """Judging the health job: each rank's and GPU's numbers against the profile's ``burnin:`` section.
 
 The rank side (``workloads/health.py``) measures; this module turns its per-rank values into
-`Reading` s, one per number and rank (or GPU), each with its threshold from the profile (None:
-recorded, not gated), and into the ECC/XID counter increases between two readings. The test
-passes every reading to ``results.check`` so that every number lands in results.json; a reading
-that fails becomes a `Suspect` naming the node, rank and GPU.
+checks, one per number and rank (or GPU), each with its threshold from the profile (None:
+recorded, not gated) and labels naming the host, rank and GPU, and into the ECC/XID counter
+increases between two readings. A check that fails is also a `Suspect` (:func:`suspect_of`)
+naming the node, rank and GPU, for the drain list.
 
 Pure: no torch, no pytest.
 """
@@ -12,80 +12,83 @@ Pure: no torch, no pytest.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_gpucluster.burnin.drain import Suspect
+from pytest_gpucluster.burnin.stragglers import Sample, value_samples
 from pytest_gpucluster.profiles.schema import BurninSection
-from pytest_gpucluster.results.model import compare
-from pytest_gpucluster.results.recorder import format_value
+from pytest_gpucluster.results.model import Check, Comparison, ThresholdRef
+from pytest_gpucluster.results.text import format_value
 
 __all__ = [
     "COUNTERS",
-    "Reading",
     "counter_increases",
-    "cpu_readings",
-    "gpu_readings",
+    "cpu_checks",
+    "gpu_checks",
     "intra_node_samples",
+    "matmul_samples",
     "skip_reasons",
+    "skip_sentence",
+    "suspect_of",
 ]
 
+_EXPECTED = {">=": "at least", "<=": "at most", "==": "exactly"}
 
-@dataclass(frozen=True, slots=True)
-class Reading:
-    """One number of one rank (or GPU) and the threshold it must meet."""
 
-    metric: str
-    what: str
-    """What it is, for people: ``CPU float32 matmul``."""
-    value: float
-    threshold: float | None
-    unit: str
-    host: str
-    rank: int
-    comparison: str = ">="
-    gpu: str | None = None
-    source: str | None = None
-    """The profile key the threshold comes from."""
-    detail: str = ""
-    """Said after the value in a failure (the throttle reasons that are active)."""
-    labels: Mapping[str, Any] = field(default_factory=dict)
+def _reading(
+    metric: str,
+    what: str,
+    value: float,
+    threshold: float | None,
+    unit: str,
+    comparison: Comparison,
+    ref: ThresholdRef | None,
+    where: Mapping[str, Any],
+    detail: str = "",
+) -> Check:
+    """One number of one rank (or GPU): ``where`` holds host, rank and (on GPUs) gpu; the hint says
+    what the number is, of which rank or GPU (``GPU 3 of node7: bf16 matmul``)."""
+    who = (
+        f"{where['gpu']} of {where['host']}"
+        if where.get("gpu")
+        else f"rank {where['rank']} on {where['host']}"
+    )
+    hint = f"{who}: {what}" + (f" ({detail})" if detail else "")
+    return Check(
+        metric,
+        value,
+        unit,
+        threshold,
+        comparison,
+        ref if threshold is not None else None,
+        labels=where,
+        hint=hint,
+    )
 
-    @property
-    def failed(self) -> bool:
-        return self.threshold is not None and not compare(self.value, self.threshold, self.comparison)  # type: ignore[arg-type]
 
-    def all_labels(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"host": self.host, "rank": self.rank}
-        if self.gpu:
-            out["gpu"] = self.gpu
-        return {**out, **self.labels}
-
-    def sentence(self) -> str:
-        where = f"{self.gpu} of {self.host}" if self.gpu else f"rank {self.rank} on {self.host}"
-        expected = (
-            "at least" if self.comparison == ">=" else "at most" if self.comparison == "<=" else "exactly"
-        )
-        limit = format_value(self.threshold, self.unit) if self.threshold is not None else "n/a"
-        detail = f" ({self.detail})" if self.detail else ""
-        src = f" ({self.source})" if self.source else ""
-        return f"{where}: {self.what} {format_value(self.value, self.unit)}{detail}, expected {expected} {limit}{src}"
-
-    def suspect(self) -> Suspect:
-        return Suspect(
-            node=self.host,
-            rank=self.rank,
-            gpu=self.gpu,
-            kind="gpu" if self.gpu else "node",
-            check="health",
-            reason=self.sentence(),
-            evidence={
-                "metric": self.metric,
-                "value": self.value,
-                "threshold": self.threshold,
-                "unit": self.unit,
-            },
-        )
+def suspect_of(check: Check) -> Suspect:
+    """The rank or GPU a failed health check names, with a sentence of its numbers."""
+    labels = check.labels
+    threshold = "n/a" if check.threshold is None else format_value(check.threshold, check.unit)
+    key = f" ({check.ref.key})" if check.ref else ""
+    reason = (
+        f"{check.hint.split(': ', 1)[-1]} {format_value(check.value, check.unit)}, expected "
+        f"{_EXPECTED[check.comparison]} {threshold}{key}"
+    )
+    return Suspect(
+        node=str(labels["host"]),
+        rank=labels.get("rank"),
+        gpu=labels.get("gpu"),
+        kind="gpu" if labels.get("gpu") else "node",
+        check="health",
+        reason=reason,
+        evidence={
+            "metric": check.metric,
+            "value": check.value,
+            "threshold": check.threshold,
+            "unit": check.unit,
+        },
+    )
 
 
 def _num(value: Mapping[str, Any], *path: str) -> float | None:
@@ -101,69 +104,86 @@ def _by_rank(values: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return sorted(values, key=lambda v: int(v["rank"]))
 
 
-def cpu_readings(values: Iterable[Mapping[str, Any]], section: BurninSection) -> list[Reading]:
+def _key(profile: str, key: str) -> ThresholdRef:
+    return ThresholdRef(profile, ("burnin", key))
+
+
+def cpu_checks(values: Iterable[Mapping[str, Any]], section: BurninSection, profile: str) -> list[Check]:
     """Per rank: CPU float32 matmul FLOP/s and memory copy bandwidth."""
     specs = (
-        ("burnin.cpu_matmul", "CPU float32 matmul", ("cpu", "matmul_flops"), "FLOP/s", section.min_cpu_matmul, "burnin.min_cpu_matmul"),
-        ("burnin.cpu_memory_bandwidth", "host memory copy", ("cpu", "memory_bandwidth"), "B/s", section.min_cpu_memory_bandwidth, "burnin.min_cpu_memory_bandwidth"),
+        ("burnin.cpu_matmul", "CPU float32 matmul", ("cpu", "matmul_flops"), "FLOP/s", "min_cpu_matmul"),
+        ("burnin.cpu_memory_bandwidth", "host memory copy", ("cpu", "memory_bandwidth"), "B/s", "min_cpu_memory_bandwidth"),
     )  # fmt: skip
     out = []
     for value in _by_rank(values):
-        for metric, what, path, unit, threshold, key in specs:
+        where = {"host": str(value["host"]), "rank": int(value["rank"])}
+        for metric, what, path, unit, key in specs:
             number = _num(value, *path)
             if number is not None:
                 out.append(
-                    Reading(
-                        metric, what, number, threshold, unit, str(value["host"]), int(value["rank"]),
-                        source=key if threshold is not None else None,
+                    _reading(
+                        metric, what, number, getattr(section, key), unit, ">=", _key(profile, key), where
                     )
-                )  # fmt: skip
-    return out
-
-
-def gpu_readings(values: Iterable[Mapping[str, Any]], section: BurninSection) -> list[Reading]:
-    """Per GPU: bf16 matmul, device memory and host-to-device bandwidth, and the NVML readings."""
-    s = section
-    specs = (
-        ("burnin.gpu_matmul", "bf16 matmul", ("gpu", "matmul_flops"), "FLOP/s", ">=", s.min_matmul, "burnin.min_matmul"),
-        ("burnin.gpu_memory_bandwidth", "device memory copy", ("gpu", "memory_bandwidth"), "B/s", ">=", s.min_memory_bandwidth, "burnin.min_memory_bandwidth"),
-        ("burnin.h2d_bandwidth", "host-to-device copy", ("gpu", "h2d_bandwidth"), "B/s", ">=", s.min_h2d_bandwidth, "burnin.min_h2d_bandwidth"),
-        ("burnin.gpu_temperature", "temperature", ("nvml", "temperature_c"), "C", "<=", s.max_temperature, "burnin.max_temperature"),
-        ("burnin.gpu_power", "power draw", ("nvml", "power_w"), "W", "<=", s.max_power, "burnin.max_power"),
-        ("burnin.pcie_gen", "PCIe link generation", ("nvml", "pcie_gen"), "gen", ">=", s.min_pcie_gen, "burnin.min_pcie_gen"),
-        ("burnin.pcie_width", "PCIe link width", ("nvml", "pcie_width"), "lanes", ">=", s.min_pcie_width, "burnin.min_pcie_width"),
-        ("burnin.retired_pages", "retired pages", ("nvml", "retired_pages"), "pages", "<=", s.max_retired_pages, "burnin.max_retired_pages"),
-        ("burnin.remapped_rows", "uncorrectable remapped rows", ("nvml", "remapped_rows", "uncorrectable"), "rows", "<=", s.max_retired_pages, "burnin.max_retired_pages"),
-        ("burnin.row_remap_failure", "row remapping failure flag", ("nvml", "remapped_rows", "failure"), "bool", "<=", 0.0, "NVML: a failed remap means the GPU needs replacing"),
-        ("burnin.ecc_uncorrected", "uncorrected ECC errors since the driver loaded", ("nvml", "ecc_uncorrected_volatile"), "errors", "<=", None, None),
-    )  # fmt: skip
-    forbidden = set(s.forbidden_throttle_reasons)
-    out = []
-    for value in _by_rank(values):
-        if "gpu" not in value and "nvml" not in value:
-            continue
-        host, rank = str(value["host"]), int(value["rank"])
-        gpu = (value.get("nvml") or {}).get("gpu") or f"GPU {value.get('local_rank', rank)}"
-        for metric, what, path, unit, comparison, threshold, key in specs:
-            number = _num(value, *path)
-            if number is not None:
-                out.append(
-                    Reading(
-                        metric, what, number, None if threshold is None else float(threshold), unit, host, rank,
-                        comparison, gpu, key if threshold is not None else None,
-                    )
-                )  # fmt: skip
-        reasons = (value.get("nvml") or {}).get("throttle_reasons")
-        if isinstance(reasons, list):
-            active = sorted(forbidden & set(reasons))
-            out.append(
-                Reading(
-                    "burnin.throttle", "forbidden clock throttle reasons active", float(len(active)), 0.0,
-                    "reasons", host, rank, "<=", gpu, "burnin.forbidden_throttle_reasons",
-                    detail=", ".join(active) if active else f"active: {', '.join(reasons) or 'none'}",
                 )
-            )  # fmt: skip
     return out
+
+
+_GPU_SPECS: tuple[tuple[str, str, tuple[str, ...], str, Comparison, str], ...] = (
+    ("burnin.gpu_matmul", "bf16 matmul", ("gpu", "matmul_flops"), "FLOP/s", ">=", "min_matmul"),
+    ("burnin.gpu_memory_bandwidth", "device memory copy", ("gpu", "memory_bandwidth"), "B/s", ">=", "min_memory_bandwidth"),
+    ("burnin.h2d_bandwidth", "host-to-device copy", ("gpu", "h2d_bandwidth"), "B/s", ">=", "min_h2d_bandwidth"),
+    ("burnin.gpu_temperature", "temperature", ("nvml", "temperature_c"), "C", "<=", "max_temperature"),
+    ("burnin.gpu_power", "power draw", ("nvml", "power_w"), "W", "<=", "max_power"),
+    ("burnin.pcie_gen", "PCIe link generation", ("nvml", "pcie_gen"), "gen", ">=", "min_pcie_gen"),
+    ("burnin.pcie_width", "PCIe link width", ("nvml", "pcie_width"), "lanes", ">=", "min_pcie_width"),
+    ("burnin.retired_pages", "retired pages", ("nvml", "retired_pages"), "pages", "<=", "max_retired_pages"),
+    ("burnin.remapped_rows", "uncorrectable remapped rows", ("nvml", "remapped_rows", "uncorrectable"), "rows", "<=", "max_retired_pages"),
+)  # fmt: skip
+
+
+def _gpu_rank_checks(value: Mapping[str, Any], section: BurninSection, profile: str) -> list[Check]:
+    host, rank = str(value["host"]), int(value["rank"])
+    gpu = (value.get("nvml") or {}).get("gpu") or f"GPU {value.get('local_rank', rank)}"
+    where = {"host": host, "rank": rank, "gpu": gpu}
+    out = []
+    for metric, what, path, unit, comparison, key in _GPU_SPECS:
+        number = _num(value, *path)
+        if number is not None:
+            threshold = getattr(section, key)
+            out.append(_reading(metric, what, number, threshold, unit, comparison, _key(profile, key), where))
+    failure = _num(value, "nvml", "remapped_rows", "failure")
+    if failure is not None:
+        out.append(
+            _reading(
+                "burnin.row_remap_failure", "row remapping failure flag", failure, 0.0, "bool", "<=", None, where,
+                "NVML: a failed remap means the GPU needs replacing",
+            )
+        )  # fmt: skip
+    ecc = _num(value, "nvml", "ecc_uncorrected_volatile")
+    if ecc is not None:
+        what = "uncorrected ECC errors since the driver loaded"
+        out.append(_reading("burnin.ecc_uncorrected", what, ecc, None, "errors", "<=", None, where))
+    reasons = (value.get("nvml") or {}).get("throttle_reasons")
+    if isinstance(reasons, list):
+        active = sorted(set(section.forbidden_throttle_reasons) & set(reasons))
+        out.append(
+            _reading(
+                "burnin.throttle", "forbidden clock throttle reasons active", float(len(active)), 0.0, "reasons",
+                "<=", _key(profile, "forbidden_throttle_reasons"), where,
+                ", ".join(active) if active else f"active: {', '.join(reasons) or 'none'}",
+            )
+        )  # fmt: skip
+    return out
+
+
+def gpu_checks(values: Iterable[Mapping[str, Any]], section: BurninSection, profile: str) -> list[Check]:
+    """Per GPU: bf16 matmul, device memory and host-to-device bandwidth, and the NVML readings."""
+    return [
+        check
+        for value in _by_rank(values)
+        if "gpu" in value or "nvml" in value
+        for check in _gpu_rank_checks(value, section, profile)
+    ]
 
 
 def skip_reasons(values: Iterable[Mapping[str, Any]], part: str) -> list[str]:
@@ -176,6 +196,12 @@ def skip_reasons(values: Iterable[Mapping[str, Any]], part: str) -> list[str]:
     return reasons
 
 
+def skip_sentence(values: Iterable[Mapping[str, Any]], *parts: str) -> str:
+    """The ranks' reasons for skipping ``parts``, each said once; many alike as one "and N more"."""
+    reasons = list(dict.fromkeys(r for part in parts for r in skip_reasons(values, part)))
+    return f"{reasons[0]} (and {len(reasons) - 1} more like it)" if len(reasons) > 2 else "; ".join(reasons)
+
+
 def intra_node_samples(values: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     """``host -> intra-node all_reduce busbw`` (every rank of a node reports the same number)."""
     out: dict[str, float] = {}
@@ -184,6 +210,16 @@ def intra_node_samples(values: Iterable[Mapping[str, Any]]) -> dict[str, float]:
         if number is not None:
             out.setdefault(str(value["host"]), number)
     return out
+
+
+def matmul_samples(values: Sequence[Mapping[str, Any]]) -> tuple[str, list[Sample]]:
+    """Each rank's best matmul span, on its GPU where it has one, else on its CPU: ``(part, samples)``.
+    The best span, because load from elsewhere only ever adds to it."""
+    for part in ("gpu", "cpu"):
+        samples = value_samples(values, part, "matmul_best_s")
+        if samples:
+            return part, samples
+    return "cpu", []
 
 
 COUNTERS: tuple[tuple[str, tuple[str, ...]], ...] = (
