@@ -1,6 +1,8 @@
 """The acceptance suite needs nothing but the plugin (installed via its pytest11 entry point).
 
-Two rules for the burn-in tests (test_burnin.py), both here because they concern the whole run:
+The burn-in tests (test_burnin.py) share the session's suspect list (``burnin_suspects``, written to
+suspects.json as suspects are found, listed and drained at the end) and ``judge``, which adds a
+test's suspects to it and records its checks. Two rules for them concern the whole run:
 
 - The ECC/XID counters are read first and last: ``test_counters_before`` is moved to the front of
   the run and ``test_counters_after`` to its end, so that together they bracket every other test.
@@ -12,7 +14,13 @@ Two rules for the burn-in tests (test_burnin.py), both here because they concern
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from typing import Any
+
 import pytest
+
+from pytest_gpucluster.burnin.drain import Suspect, SuspectLog
+from pytest_gpucluster.results.model import Check
 
 FIRST = "test_burnin.py::test_counters_before"
 LAST = "test_burnin.py::test_counters_after"
@@ -44,3 +52,22 @@ def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
     return [
         f"gpucluster: {count} slow burn-in test(s) (pairwise localization) deselected; run them with -m burnin"
     ]
+
+
+@pytest.fixture(scope="session")
+def burnin_suspects(gpucluster_session: Any) -> Iterator[SuspectLog]:
+    suspects = SuspectLog(gpucluster_session.results_dir)
+    yield suspects
+    suspects.finish(gpucluster_session.progress or print, drain=gpucluster_session.settings.drain)
+
+
+@pytest.fixture
+def judge(results: Any, burnin_suspects: SuspectLog, request: pytest.FixtureRequest) -> Any:
+    """``judge(checks, suspects)``: the suspects to the drain list, then every check to results."""
+
+    def judge(checks: list[Check], suspects: Sequence[Suspect] = ()) -> None:
+        __tracebackhide__ = True
+        burnin_suspects.add(suspects, request.node.nodeid)
+        results.check_all(checks)
+
+    return judge

@@ -17,24 +17,27 @@ Where the logs come from:
 
 from __future__ import annotations
 
-import glob
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pytest_gpucluster.checks.nccl import (
-    Finding,
-    LogSet,
+    agreement_check,
     check_agreement,
     check_expectation,
     expectations_of,
-    read_logs,
+    finding_checks,
 )
-from pytest_gpucluster.errors import ParseError
-from pytest_gpucluster.launch.result import JobSkipped
-from pytest_gpucluster.plugin import get_session
+from pytest_gpucluster.checks.nccl_logs import LogSet, read_logs
+from pytest_gpucluster.errors import GpuClusterError
+from pytest_gpucluster.fixtures import job_part
+from pytest_gpucluster.harness import Part, PartRun
+from pytest_gpucluster.inputs import read_texts
+from pytest_gpucluster.session import GpuClusterSession, get_session
 from pytest_gpucluster.workloads.nccl_probe import DEBUG_ENV
 
 PROBE = "pytest_gpucluster.workloads.nccl_probe:probe"
@@ -51,79 +54,57 @@ class NcclRun:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "nccl_run" not in metafunc.fixturenames:
+    if "nccl_source" not in metafunc.fixturenames:
         return
     session = get_session(metafunc.config)
-    if session.settings["gpucluster_nccl_log"]:
+    if session.settings.nccl_log:
         source = pytest.param("recorded", id="nccl-log")
     else:
         source = pytest.param("launched", id="launched", marks=pytest.mark.gpucluster(needs=["nccl"]))
-    metafunc.parametrize("nccl_run", [source], indirect=True, scope="module")
+    metafunc.parametrize("nccl_source", [source], scope="module")
     if "expectation" in metafunc.fixturenames:
         profile = session.profile.model
-        names = expectations_of(profile.nccl)
         reason = (
             f"profile {profile.name} has no nccl: section, so there is nothing to compare the NCCL log with"
             if profile.nccl is None
             else f"profile {profile.name}'s nccl: section sets no expectation"
         )
-        params = list(names) or [
-            pytest.param(None, id="nothing-expected", marks=pytest.mark.skip(reason=reason))
-        ]
-        metafunc.parametrize("expectation", params)
+        skip = pytest.param(None, id="nothing-expected", marks=pytest.mark.skip(reason=reason))
+        metafunc.parametrize("expectation", list(expectations_of(profile.nccl)) or [skip])
 
 
-@pytest.fixture(scope="module")
-def nccl_run(request: pytest.FixtureRequest, gpucluster_session, hw) -> NcclRun:
-    if request.param == "recorded":
-        patterns = gpucluster_session.settings["gpucluster_nccl_log"]
-        named = _read_files(patterns, Path(request.config.invocation_params.dir))
-        origin, nodes = f"--nccl-log {' '.join(patterns)}", None
-    else:
-        named, origin, nodes = _launch_probe(request, gpucluster_session, hw)
-    try:
-        return NcclRun(read_logs(named), origin, nodes)
-    except ParseError as exc:
-        pytest.fail(f"{exc} (logs from {origin})", pytrace=False)
-
-
-def _read_files(patterns: tuple[str, ...], root: Path) -> list[tuple[str, str]]:
-    """Every file the patterns name, once each, in the order given; a pattern matching nothing fails."""
-    named: dict[str, str] = {}
-    for pattern in patterns:
-        if any(c in pattern for c in "*?["):
-            matches = sorted(glob.glob(pattern, root_dir=root, recursive=True))
-            if not matches:
-                pytest.fail(f"--nccl-log {pattern}: no file matches (looked from {root})", pytrace=False)
-        else:
-            matches = [pattern]
-        for match in matches:
-            path = root / match
-            if not path.is_file():
-                pytest.fail(f"--nccl-log {match}: no such file (looked from {root})", pytrace=False)
-            named.setdefault(match, path.read_text(encoding="utf-8", errors="replace"))
-    return list(named.items())
-
-
-def _launch_probe(request: pytest.FixtureRequest, session, hw) -> tuple[list[tuple[str, str]], str, int]:
-    cluster = request.getfixturevalue("cluster")
-    nccl_env = request.getfixturevalue("nccl_env")
-    nodes = max(1, min(hw.cluster.nodes, session.available_nodes))
-    job = cluster.run(
-        PROBE,
-        nodes=nodes,
-        env={**nccl_env, **DEBUG_ENV},
-        timeout=PROBE_TIMEOUT_S,
-        options={"timeout_s": PROBE_TIMEOUT_S},
-        name="nccl-probe",
+@job_part
+def nccl_probe(session: GpuClusterSession, params: Mapping[str, Any]) -> Part | None:
+    """A short NCCL all_reduce on the profile's nodes, every rank's NCCL log in the job directory
+    (None with --nccl-log: the logs are given)."""
+    if params.get("nccl_source") != "launched":
+        return None
+    nodes = max(1, min(session.profile.model.cluster.nodes, session.available_nodes))
+    return Part(
+        "nccl-probe", PROBE, {"timeout_s": PROBE_TIMEOUT_S}, nodes=nodes, env=DEBUG_ENV, timeout_s=PROBE_TIMEOUT_S,
         init_process_group=False,  # the probe sets NCCL_DEBUG_FILE before NCCL starts
-    )
+    )  # fmt: skip
+
+
+@pytest.fixture
+def nccl_run(nccl_source: str, nccl_probe: PartRun | None, gpucluster_session: Any, request: Any) -> NcclRun:
+    """The logs of the probe, or of --nccl-log, parsed as one job."""
     try:
-        values = job.values  # raises JobFailed (with every rank's story) unless all ranks finished
-    except JobSkipped as exc:
-        pytest.skip(str(exc))
+        if nccl_probe is None:
+            patterns = gpucluster_session.settings.nccl_log
+            named = read_texts("--nccl-log", patterns, Path(request.config.invocation_params.dir))
+            origin, nodes = f"--nccl-log {' '.join(patterns)}", None
+        else:
+            named, nodes = _probe_logs(nccl_probe), nccl_probe.part.nodes
+            origin = f"NCCL probe, {len(named)} ranks on {nodes} node(s), job dir {nccl_probe.job_dir}"
+        return NcclRun(read_logs(named), origin, nodes)
+    except GpuClusterError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+def _probe_logs(probe: PartRun) -> list[tuple[str, str]]:
     named = []
-    for rank, value in enumerate(values):
+    for rank, value in enumerate(probe.values):
         path = Path(value["nccl_log"])
         if not path.is_file():
             pytest.fail(
@@ -132,49 +113,18 @@ def _launch_probe(request: pytest.FixtureRequest, session, hw) -> tuple[list[tup
                 pytrace=False,
             )
         named.append((os.path.relpath(path), path.read_text(encoding="utf-8", errors="replace")))
-    origin = f"NCCL probe, {len(values)} ranks on {nodes} node(s), job dir {job.job_dir}"
-    return named, origin, nodes
+    return named
 
 
-def _context(finding: Finding, run: NcclRun) -> str:
-    text = f"{finding.because[0].upper()}{finding.because[1:]} (logs from {run.origin})"
-    if finding.hint:
-        text += f". Next: {finding.hint}"
-    if finding.found is None and run.nodes == 1:
-        text += (
-            "; the probe ran on 1 node, where NCCL may not need the network at all: pass --hostfile with "
-            "2 or more hosts"
-        )
-    return text
-
-
-def test_nccl_expectation(nccl_run: NcclRun, expectation: str, hw, results) -> None:
+def test_nccl_expectation(nccl_run: NcclRun, expectation: str, hw: Any, results: Any) -> None:
     """One key of the profile's nccl: section against what NCCL said it used."""
-    for finding in check_expectation(nccl_run.logs.log, hw.nccl, expectation, nccl_run.logs.quote):
-        results.check(
-            finding.metric,
-            float(finding.ok),
-            1.0,
-            unit="bool",
-            comparison="==",
-            labels={"expected": finding.expected, "found": finding.found or "not in the log"},
-            source=f"profile {hw.name}: nccl.{finding.expectation}",
-            context=_context(finding, nccl_run),
-        )
+    findings = check_expectation(nccl_run.logs.log, hw.nccl, expectation, nccl_run.logs.quote)
+    results.check_all(finding_checks(findings, hw.name, nccl_run.origin, nccl_run.nodes))
 
 
-def test_ranks_agree(nccl_run: NcclRun, results) -> None:
+def test_ranks_agree(nccl_run: NcclRun, results: Any) -> None:
     """Every rank loaded the same NCCL, plugin and network: a plugin on only some nodes hangs or crawls."""
     ranks = len(nccl_run.logs.sources)
     if ranks < 2:
         pytest.skip(f"the logs ({nccl_run.origin}) name {ranks} rank(s): nothing to compare")
-    findings = check_agreement(nccl_run.logs)
-    results.check(
-        "nccl.ranks_agree",
-        float(not findings),
-        1.0,
-        unit="bool",
-        comparison="==",
-        labels={"ranks": ranks, "differ_on": ", ".join(f.expectation for f in findings) or "nothing"},
-        context=" ".join(f"{f.message}." for f in findings) + f" (logs from {nccl_run.origin})",
-    )
+    results.check_all([agreement_check(check_agreement(nccl_run.logs), ranks, nccl_run.origin)])

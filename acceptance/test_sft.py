@@ -7,9 +7,9 @@ memory each GPU holds. Each case of the profile's ``sft: cases:`` is one test (`
 
 - launched (the default): ``workloads/sft.py`` trains the case on ``case.nodes`` nodes with random
   weights (no download) for ``warmup_steps + steps`` optimizer steps; every measurement is recorded
-  against its threshold (see ``pytest_gpucluster/sft_cases.py`` for the table), all misses are
-  reported together. A case needing more nodes than the cluster has skips saying so; on a cuda
-  profile, a machine without CUDA skips.
+  against its threshold (``checks/sft.py`` has the table), all misses reported together. A case
+  needing more nodes than the cluster has skips saying so; on a cuda profile, a machine without
+  CUDA skips.
 - recorded (``--train-log PATH``, repeatable, globs): the log of a training job that already ran
   (HF Trainer, DeepSpeed, Megatron console output) is gated instead of launching: ``max_step_time``
   against the progress bar's s/it, ``min_samples_per_s`` against ``train_samples_per_second``,
@@ -24,29 +24,22 @@ memory each GPU holds. Each case of the profile's ``sft: cases:`` is one test (`
 
 from __future__ import annotations
 
-import glob
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from pytest_gpucluster.checks.sft import (
-    case_ranks_per_node,
-    find_case,
-    gate,
-    launched_checks,
-    log_checks,
-    parse_log_argument,
-    run_case,
-)
+from pytest_gpucluster.checks.sft import launched_checks, log_checks
 from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning
-from pytest_gpucluster.launch.result import JobSkipped
+from pytest_gpucluster.fixtures import job_part
+from pytest_gpucluster.harness import Part, PartRun
+from pytest_gpucluster.inputs import expand
 from pytest_gpucluster.parsers.train_log import parse_train_log
-from pytest_gpucluster.plugin import get_session
-
-RUNS_KEY = "sft.runs"
-"""Where launched runs are kept in the session (``gpucluster_session.extra``) for test_scaling."""
+from pytest_gpucluster.plans.sft import case_ranks_per_node, find_case, parse_log_argument, sft_part
+from pytest_gpucluster.session import GpuClusterSession, get_session
 
 
 @dataclass(frozen=True)
@@ -63,80 +56,69 @@ class RecordedLog:
     problem: str | None = None
 
 
+def _recorded(argument: str, root: Path) -> list[RecordedLog]:
+    """Every file one --train-log value names (in order), or one entry saying why it names none."""
+    try:
+        return [
+            RecordedLog(argument, p)
+            for p in expand("--train-log", parse_log_argument(argument).pattern, root)
+        ]
+    except GpuClusterError as exc:
+        return [RecordedLog(argument, None, str(exc))]
+
+
+def _launched(index: int, case: Any, profile: Any) -> Any:
+    needs: dict[str, Any] = {"min_nodes": case.nodes}
+    if profile.cluster.device == "cuda":
+        needs |= {"min_gpus_per_node": case.ranks_per_node or 0, "needs": ["cuda"]}
+    return pytest.param(LaunchedCase(index), id=case.name, marks=pytest.mark.gpucluster(**needs))
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "sft_subject" not in metafunc.fixturenames:
         return
     session = get_session(metafunc.config)
     profile = session.profile.model
-    arguments = session.settings["gpucluster_train_log"]
-    if arguments:
+    if session.settings.train_log:
         root = Path(metafunc.config.invocation_params.dir)
-        params = [
-            pytest.param(log, id=f"log-{log.path.name if log.path else log.argument}")
-            for argument in arguments
-            for log in _expand(argument, root)
-        ]
+        logs = [log for argument in session.settings.train_log for log in _recorded(argument, root)]
+        params = [pytest.param(log, id=f"log-{log.path.name if log.path else log.argument}") for log in logs]
     elif profile.sft.cases:
-        params = [_case_param(index, case, profile) for index, case in enumerate(profile.sft.cases)]
+        params = [_launched(index, case, profile) for index, case in enumerate(profile.sft.cases)]
     else:
         reason = f"profile {profile.name} has no sft: cases, so there is no training to measure"
         params = [pytest.param(None, id="no-cases", marks=pytest.mark.skip(reason=reason))]
     metafunc.parametrize("sft_subject", params)
 
 
-def _case_param(index: int, case, profile) -> object:
-    if profile.cluster.device == "cuda":
-        mark = pytest.mark.gpucluster(
-            min_nodes=case.nodes, min_gpus_per_node=case.ranks_per_node or 0, needs=["cuda"]
-        )
-    else:
-        mark = pytest.mark.gpucluster(min_nodes=case.nodes)
-    return pytest.param(LaunchedCase(index), id=case.name, marks=mark)
+@job_part
+def sft_run(session: GpuClusterSession, params: Mapping[str, Any]) -> Part | None:
+    """The launched case trained on its nodes (None for a recorded log: nothing to launch)."""
+    subject = params.get("sft_subject")
+    if not isinstance(subject, LaunchedCase):
+        return None
+    profile = session.profile.model
+    case = profile.sft.cases[subject.index]
+    nproc = case_ranks_per_node(case, session.ranks_per_node)
+    return sft_part(
+        case, profile, nodes=case.nodes, nproc_per_node=nproc, timeout_s=session.settings.job_timeout
+    )
 
 
-def _expand(argument: str, root: Path) -> list[RecordedLog]:
-    """Every file one --train-log value names (in order), or one entry saying why it names none."""
-    try:
-        pattern = parse_log_argument(argument).pattern
-    except GpuClusterError as exc:
-        return [RecordedLog(argument, None, str(exc))]
-    path = Path(pattern).expanduser()
-    if any(c in pattern for c in "*?["):
-        matches = sorted(glob.glob(str(path), root_dir=root, recursive=True))
-        if not matches:
-            return [
-                RecordedLog(argument, None, f"--train-log {argument}: no file matches (looked from {root})")
-            ]
-        return [RecordedLog(argument, root / m) for m in matches]
-    if not (root / path).is_file():
-        return [RecordedLog(argument, None, f"--train-log {argument}: no such file (looked from {root})")]
-    return [RecordedLog(argument, root / path)]
-
-
-def test_sft(sft_subject, hw, gpucluster_session, request, results) -> None:
+def test_sft(sft_subject: LaunchedCase | RecordedLog, sft_run: PartRun | None, hw: Any, results: Any) -> None:
     """One SFT case of the profile, trained here, or one training log, against the case's thresholds."""
     if isinstance(sft_subject, RecordedLog):
-        _gate_log(sft_subject, hw, results)
+        _check_log(sft_subject, hw, results)
         return
-    case = hw.sft.cases[sft_subject.index]
-    try:
-        run = run_case(
-            request.getfixturevalue("cluster"),  # not built for --train-log runs
-            gpucluster_session.extra.setdefault(RUNS_KEY, {}),
-            case,
-            hw,
-            nodes=case.nodes,
-            nproc_per_node=case_ranks_per_node(case, gpucluster_session.ranks_per_node),
-            timeout=gpucluster_session.settings["gpucluster_job_timeout"],
-            test_id=request.node.nodeid,
+    assert sft_run is not None
+    results.check_all(
+        launched_checks(
+            hw.sft.cases[sft_subject.index], sft_subject.index, hw, sft_run.values, sft_run.origin
         )
-    except JobSkipped as exc:
-        pytest.skip(str(exc))
-    checks, unmeasured = launched_checks(case, sft_subject.index, hw, run.values)
-    gate(results, checks, [f"{line} (job dir {run.job_dir})" for line in unmeasured])
+    )
 
 
-def _gate_log(log: RecordedLog, hw, results) -> None:
+def _check_log(log: RecordedLog, hw: Any, results: Any) -> None:
     if log.path is None:
         pytest.fail(log.problem or f"--train-log {log.argument}: nothing to read", pytrace=False)
     try:
@@ -145,20 +127,16 @@ def _gate_log(log: RecordedLog, hw, results) -> None:
     except GpuClusterError as exc:
         pytest.fail(str(exc), pytrace=False)
     checks, unchecked = log_checks(case, index, hw, parsed, log.path.name)
-    gated = [c for c in checks if c.threshold is not None and c.metric != "sft.loss_finite"]
     if unchecked:
-        warnings.warn(
-            GpuClusterWarning(
-                f"--train-log {log.path.name} against sft case {case.name} of profile {hw.name}: not checked: "
-                + "; ".join(unchecked)
-            ),
-            stacklevel=1,
+        not_checked = (
+            f"--train-log {log.path.name} against sft case {case.name} of profile {hw.name}: not checked: "
         )
-    problems = []
-    if not gated:
-        problems.append(
+        warnings.warn(GpuClusterWarning(not_checked + "; ".join(unchecked)), stacklevel=1)
+    results.check_all(checks)
+    if not any(c.threshold is not None and c.metric != "sft.loss_finite" for c in checks):
+        pytest.fail(
             f"--train-log {log.path}: the log answers none of sft case {case.name}'s thresholds "
             f"({'; '.join(unchecked) or 'the case sets none a log can answer'}). Gate it against another "
-            f"case with case=NAME: before the path."
+            f"case with case=NAME: before the path.",
+            pytrace=False,
         )
-    gate(results, checks, problems)
