@@ -43,3 +43,14 @@ def hang_on_rank(ctx: RankContext) -> dict[str, Any]:
 def skip_everywhere(ctx: RankContext) -> dict[str, Any]:
     """Every rank skips, as a GPU workload does on a node without CUDA."""
     raise WorkloadSkip(str(ctx.options.get("reason", "skipped on purpose")))
+
+
+def hold_memory(ctx: RankContext) -> dict[str, Any]:
+    """Touch ``mib`` MiB, let it go, and report this process's peak resident set (for the bundle's
+    per-part peak reset)."""
+    from pytest_gpucluster.workloads.bundle import peak_rss_bytes
+
+    block = bytearray(int(ctx.options.get("mib", 0)) << 20)
+    block[::4096] = b"\x01" * len(block[::4096])
+    del block
+    return {"rank": ctx.rank, "peak_rss_bytes": peak_rss_bytes()}

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pytest_gpucluster.profiles.detect import MachineInfo
-from pytest_gpucluster.results.recorder import format_value
+from pytest_gpucluster.results.text import format_value
 
 REPO = Path(__file__).resolve().parents[2]
 ACCEPTANCE = REPO / "acceptance" / "test_nvlink.py"

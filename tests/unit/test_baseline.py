@@ -1,6 +1,7 @@
 """The regression gate: direction, tolerance, matching on metric+scope+labels, missing metrics,
 fingerprint diff, a changed machine, unreadable files, and `gpucluster compare` exit codes."""
 
+import dataclasses
 import json
 import math
 
@@ -22,7 +23,6 @@ GB = 1e9
 
 
 def m(metric, value, unit="B/s", threshold=None, comparison=">=", scope="intra-node", **labels):
-    verdict = "info" if threshold is None else "pass"
     return Measurement(
         test_id="t::x",
         metric=metric,
@@ -30,7 +30,6 @@ def m(metric, value, unit="B/s", threshold=None, comparison=">=", scope="intra-n
         unit=unit,
         threshold=threshold,
         comparison=comparison,
-        verdict=verdict,
         scope=scope,
         labels=labels,
     )
@@ -121,7 +120,7 @@ def test_matching_is_on_metric_scope_and_labels_not_test_id():
     old = run(
         [m("x.busbw", 100.0, size_bytes=1024), m("x.busbw", 100.0, scope="inter-node", size_bytes=1024)]
     )
-    renamed = Measurement(**{**m("x.busbw", 50.0, size_bytes=1024).to_json(), "test_id": "renamed::t"})
+    renamed = dataclasses.replace(m("x.busbw", 50.0, size_bytes=1024), test_id="renamed::t")
     new = run([renamed, m("x.busbw", 100.0, size_bytes=2048)])
     c = compare_runs(old, new, 0.05)
     assert [(ch.scope, ch.status) for ch in c.changes] == [("intra-node", "regression")]
@@ -199,9 +198,73 @@ def test_read_results_errors_name_the_file_and_the_problem(tmp_path):
         read_results(tmp_path / "other.json")
     _write(tmp_path / "future.json", {"schema_version": SCHEMA_VERSION + 1, "measurements": []})
     with pytest.raises(
-        ResultsFileError, match=f"schema_version {SCHEMA_VERSION + 1}; .* up to {SCHEMA_VERSION}"
+        ResultsFileError, match=f"schema_version {SCHEMA_VERSION + 1}; .* versions 1, 2 .upgrade the plugin"
     ):
         read_results(tmp_path / "future.json")
+
+
+# A measurement as schema version 1 wrote it (baselines users keep): a free-text source, a stored
+# verdict, no ref, no hint.
+VERSION_1 = {
+    "schema_version": 1,
+    "fingerprint": FINGERPRINT,
+    "measurements": [
+        {
+            "test_id": "acceptance/test_collectives.py::test_collective[all_reduce-intra-node]",
+            "metric": "collectives.all_reduce.busbw",
+            "value": 1.2e9,
+            "unit": "B/s",
+            "threshold": 3e8,
+            "comparison": ">=",
+            "verdict": "pass",
+            "scope": "intra-node",
+            "labels": {"size_bytes": 16777216, "collective": "all_reduce", "placement": "out_of_place"},
+            "spread": {
+                "median": 1.2e9,
+                "min": 1.1e9,
+                "max": 1.3e9,
+                "mad": 5e7,
+                "n": 3,
+                "values": [1.1e9, 1.2e9, 1.3e9],
+            },
+            "source": "profile cpu-local: collectives.checks[0].min_busbw, FEASIBILITY.md §5",
+            "time": 1795459274.7,
+        }
+    ],
+    "outcomes": [],
+}
+
+
+def test_version_1_files_still_read_and_compare_with_version_2(tmp_path):
+    old = read_results(_write(tmp_path / "v1.json", VERSION_1))
+    (measurement,) = old.measurements
+    assert (measurement.value, measurement.threshold, measurement.verdict) == (1.2e9, 3e8, "pass")
+    assert measurement.ref is None and measurement.spread.values == (1.1e9, 1.2e9, 1.3e9)
+    now = run(
+        [
+            m(
+                "collectives.all_reduce.busbw",
+                0.9e9,
+                size_bytes=16777216,
+                collective="all_reduce",
+                placement="out_of_place",
+            )
+        ]
+    )
+    (change,) = compare_runs(old, now, 0.05).changes
+    assert (change.status, round(change.change, 2)) == ("regression", -0.25)
+
+
+def test_version_2_round_trips_ref_and_hint(tmp_path):
+    from pytest_gpucluster.results.model import ThresholdRef
+
+    ref = ThresholdRef("cpu-local", ("collectives", "checks", 0, "min_busbw"))
+    written = Measurement(
+        "collectives.all_reduce.busbw", 1e9, "B/s", 3e8, ">=", ref, "intra-node", hint="look at it"
+    )
+    data = {"schema_version": SCHEMA_VERSION, "measurements": [written.to_json()], "outcomes": []}
+    (read,) = read_results(_write(tmp_path / "v2.json", data)).measurements
+    assert read == written and str(read.ref) == "profile cpu-local: collectives.checks[0].min_busbw"
 
 
 def _results_file(path, busbw):

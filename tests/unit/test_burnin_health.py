@@ -1,5 +1,5 @@
-"""Judging the health job: readings against the profile's burnin: section, ECC/XID counter increases,
-and the XID reader on recorded kernel logs."""
+"""Judging the health job: checks against the profile's burnin: section, the suspects they name,
+ECC/XID counter increases, and the XID reader on recorded kernel logs."""
 
 from __future__ import annotations
 
@@ -11,12 +11,17 @@ import pytest
 
 from pytest_gpucluster.checks.burnin.health import (
     counter_increases,
-    cpu_readings,
-    gpu_readings,
+    cpu_checks,
+    gpu_checks,
     intra_node_samples,
+    matmul_samples,
     skip_reasons,
+    skip_sentence,
+    suspect_of,
 )
 from pytest_gpucluster.profiles.schema import BurninSection
+from pytest_gpucluster.results.model import ThresholdRef
+from pytest_gpucluster.results.text import failure_message
 from pytest_gpucluster.workloads.health import parse_xid_lines, throttle_names
 
 DATA = Path(__file__).parents[1] / "data"
@@ -54,28 +59,34 @@ def _gpu_rank(rank: int, bus: str, **nvml: object) -> dict:
     }
 
 
-def test_cpu_readings_of_a_recorded_run_are_recorded_without_floors():
-    readings = cpu_readings(_vm(), BurninSection())
-    assert [(r.metric, r.rank, r.host) for r in readings] == [
+def test_cpu_checks_of_a_recorded_run_are_recorded_without_floors():
+    readings = cpu_checks(_vm(), BurninSection(), "cpu-local")
+    assert [(r.metric, r.labels["rank"], r.labels["host"]) for r in readings] == [
         ("burnin.cpu_matmul", 0, "vm"),
         ("burnin.cpu_memory_bandwidth", 0, "vm"),
         ("burnin.cpu_matmul", 1, "vm"),
         ("burnin.cpu_memory_bandwidth", 1, "vm"),
     ]
-    assert all(r.threshold is None and not r.failed for r in readings)
+    assert all(r.threshold is None and r.ref is None and r.verdict == "info" for r in readings)
     assert readings[0].value == pytest.approx(28570620768.7, rel=1e-6)  # 2 * 512**3 / 9.3955 ms
 
 
 def test_a_cpu_floor_fails_the_rank_below_it_and_names_it():
     section = BurninSection(min_cpu_matmul="30GFLOP/s", min_cpu_memory_bandwidth="1GB/s")
-    failed = [r for r in cpu_readings(_vm(), section) if r.failed]
-    assert [(r.metric, r.rank) for r in failed] == [("burnin.cpu_matmul", 0)]
-    suspect = failed[0].suspect()
+    failed = [r for r in cpu_checks(_vm(), section, "cpu-local") if r.failed]
+    assert [(r.metric, r.labels["rank"]) for r in failed] == [("burnin.cpu_matmul", 0)]
+    assert failed[0].ref == ThresholdRef("cpu-local", ("burnin", "min_cpu_matmul"))
+    suspect = suspect_of(failed[0])
     assert (suspect.node, suspect.rank, suspect.kind, suspect.check) == ("vm", 0, "node", "health")
     assert suspect.reason == (
-        "rank 0 on vm: CPU float32 matmul 0.02857 TFLOP/s, expected at least 0.03 TFLOP/s (burnin.min_cpu_matmul)"
+        "CPU float32 matmul 0.02857 TFLOP/s, expected at least 0.03 TFLOP/s (burnin.min_cpu_matmul)"
     )
-    assert failed[0].all_labels() == {"host": "vm", "rank": 0}
+    assert suspect.line() == f"node vm (rank 0): {suspect.reason}"
+    assert failed[0].labels == {"host": "vm", "rank": 0}
+    assert failure_message(failed[0]) == (
+        "burnin.cpu_matmul (host=vm, rank=0): measured 0.02857 TFLOP/s, expected at least 0.03 TFLOP/s "
+        "(threshold from profile cpu-local: burnin.min_cpu_matmul). rank 0 on vm: CPU float32 matmul"
+    )
 
 
 def test_gpu_readings_gate_each_gpu_and_name_it():
@@ -83,28 +94,31 @@ def test_gpu_readings_gate_each_gpu_and_name_it():
         min_matmul="600TFLOP/s", max_temperature=85, min_pcie_gen=5, min_pcie_width=16, max_retired_pages=0
     )
     hot = _gpu_rank(1, "00000000:3b:00.0", temperature_c=91.0, pcie_width=8)
-    readings = gpu_readings([_gpu_rank(0, "00000000:1b:00.0"), hot], section)
+    readings = gpu_checks([_gpu_rank(0, "00000000:1b:00.0"), hot], section, "h100")
     failed = [r for r in readings if r.failed]
-    assert [(r.metric, r.gpu) for r in failed] == [
+    assert [(r.metric, r.labels["gpu"]) for r in failed] == [
         ("burnin.gpu_temperature", "GPU 1 (00000000:3b:00.0)"),
         ("burnin.pcie_width", "GPU 1 (00000000:3b:00.0)"),
     ]
-    assert failed[0].sentence() == (
+    assert failed[0].hint == "GPU 1 (00000000:3b:00.0) of gpu-node-1: temperature"
+    suspect = suspect_of(failed[0])
+    assert (suspect.kind, suspect.node, suspect.gpu) == ("gpu", "gpu-node-1", "GPU 1 (00000000:3b:00.0)")
+    assert suspect.line() == (
         "GPU 1 (00000000:3b:00.0) of gpu-node-1: temperature 91 C, expected at most 85 C (burnin.max_temperature)"
     )
-    assert failed[0].suspect().kind == "gpu"
     # An unset threshold is recorded, not gated; the row-remap failure flag is always gated.
-    by_metric = {r.metric: r for r in readings if r.rank == 0}
+    by_metric = {r.metric: r for r in readings if r.labels["rank"] == 0}
     assert by_metric["burnin.gpu_power"].threshold is None
     assert by_metric["burnin.row_remap_failure"].threshold == 0.0
+    assert by_metric["burnin.row_remap_failure"].ref is None  # a rule, not a profile key
 
 
 def test_forbidden_throttle_reasons_fail_with_their_names():
     throttled = _gpu_rank(0, "00000000:1b:00.0", throttle_reasons=["sw_power_cap", "hw_thermal_slowdown"])
-    [reading] = [r for r in gpu_readings([throttled], BurninSection()) if r.metric == "burnin.throttle"]
-    assert reading.failed and reading.value == 1.0 and reading.detail == "hw_thermal_slowdown"
-    idle = [r for r in gpu_readings([_gpu_rank(0, "x")], BurninSection()) if r.metric == "burnin.throttle"]
-    assert not idle[0].failed and idle[0].detail == "active: gpu_idle"
+    [reading] = [r for r in gpu_checks([throttled], BurninSection(), "p") if r.metric == "burnin.throttle"]
+    assert reading.failed and reading.value == 1.0 and reading.hint.endswith("(hw_thermal_slowdown)")
+    idle = [r for r in gpu_checks([_gpu_rank(0, "x")], BurninSection(), "p") if r.metric == "burnin.throttle"]
+    assert not idle[0].failed and idle[0].hint.endswith("(active: gpu_idle)")
 
 
 def test_throttle_bits_are_named():
@@ -112,10 +126,20 @@ def test_throttle_bits_are_named():
     assert throttle_names(0) == []
 
 
-def test_a_cpu_run_has_no_gpu_readings_and_says_why():
-    assert gpu_readings(_vm(), BurninSection()) == []
+def test_a_cpu_run_has_no_gpu_checks_and_says_why():
+    assert gpu_checks(_vm(), BurninSection(), "cpu-local") == []
     assert skip_reasons(_vm(), "nvml") == ["vm has no CUDA device (torch 2.13.0+cpu, device cpu)"]
+    assert skip_sentence(_vm(), "gpu", "nvml") == "vm has no CUDA device (torch 2.13.0+cpu, device cpu)"
     assert skip_reasons(_vm(), "intra_node") == []
+
+
+def test_matmul_samples_take_each_ranks_best_span_on_its_gpu_else_its_cpu():
+    cpu_only = [{**v, "cpu": {**v["cpu"], "matmul_best_s": (9 + v["rank"]) / 1000}} for v in _vm()]
+    part, samples = matmul_samples(cpu_only)
+    assert (part, [(s.rank, s.value) for s in samples]) == ("cpu", [(0, 0.009), (1, 0.01)])
+    with_gpus = [{**v, "gpu": {"matmul_best_s": 0.002}} for v in cpu_only]
+    assert matmul_samples(with_gpus)[0] == "gpu"
+    assert matmul_samples(_vm()) == ("cpu", [])  # recorded before the best span was kept
 
 
 def test_intra_node_busbw_per_host():

@@ -1,5 +1,6 @@
-"""collective_checks (planning and judging the collective tests) and nccl_tests_runner, without
-launching anything: synthetic rank values, a recorded nccl-tests output, a stand-in binary."""
+"""checks/collectives and plans/collectives (judging and planning the collective tests) and
+launch/nccl_tests, without launching anything: synthetic rank values, a recorded nccl-tests output,
+a stand-in binary."""
 
 from __future__ import annotations
 
@@ -12,23 +13,27 @@ import pytest
 from pytest_gpucluster.checks.collectives import (
     Case,
     CollectiveData,
-    SweepRequest,
     cases,
     collect,
-    gates,
+    collective_checks,
     human_size,
-    job_options,
-    job_timeout,
-    plan_jobs,
     points_from_runs,
     scope_nodes,
-    sweep_requests,
 )
 from pytest_gpucluster.errors import JobFailed, LaunchError, ProfileError, SettingsError
 from pytest_gpucluster.launch.nccl_tests import binary_path, build_command, run_command
 from pytest_gpucluster.maths.metrics import COLLECTIVES
 from pytest_gpucluster.parsers.nccl_tests import parse
+from pytest_gpucluster.plans.collectives import (
+    WORKLOAD,
+    SweepRequest,
+    job_options,
+    job_timeout,
+    sweep_part,
+    sweep_requests,
+)
 from pytest_gpucluster.profiles.schema import CollectivesSection
+from pytest_gpucluster.results.model import ThresholdRef
 from pytest_gpucluster.results.recorder import Recorder, ThresholdFailure
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nccl_tests"
@@ -97,24 +102,24 @@ def test_non_integer_factor_is_a_profile_error():
         sweep_requests(cases(sec)[0], sec.sweep)
 
 
-def test_plan_shares_one_job_per_node_count_and_leaves_out_scopes_that_cannot_run():
+def test_each_case_is_a_part_on_the_nodes_its_scope_means():
     sec = section(
         *AR_CHECKS,
         {"collective": "all_reduce", "scope": "full", "size": "3MiB", "min_busbw": "1GB/s"},
         {"collective": "broadcast", "scope": "inter-node", "size": "1MiB", "min_busbw": "1GB/s"},
     )
-    selected = cases(sec)
-    one = plan_jobs(selected, sec.sweep, available_nodes=1)
-    # full on 1 node is the intra-node job; inter-node cannot run on 1 node.
-    assert list(one) == [1]
-    assert [r.collective for r in one[1]] == [*COLLECTIVES, "all_reduce"]
-    assert one[1][-1] == SweepRequest("all_reduce", 3 * MiB, 3 * MiB, 4)
-    four = plan_jobs(selected, sec.sweep, available_nodes=4)
-    assert sorted(four) == [1, 2, 4]
-    assert [r.collective for r in four[2]] == ["broadcast"]
-    assert [(r.min_bytes, r.max_bytes) for r in four[4]] == [(KiB, 16 * MiB), (3 * MiB, 3 * MiB)]
-    # -k selecting one test: only its collective is swept.
-    assert [r.collective for r in plan_jobs(selected[:1], sec.sweep, 1)[1]] == ["all_reduce"]
+    by_id = {c.id: c for c in cases(sec)}
+    full = sweep_part(by_id["all_reduce-full"], sec, available_nodes=1, backend="gloo")
+    assert (full.workload, full.nodes, full.name) == (WORKLOAD, 1, "collectives-all_reduce-full")
+    sizes = [(s["collective"], s["min_bytes"], s["max_bytes"]) for s in full.options["sweeps"]]
+    assert sizes == [("all_reduce", KiB, 16 * MiB), ("all_reduce", 3 * MiB, 3 * MiB)]
+    # inter-node cannot run on 1 node: no part (the test skips with scope_nodes' reason)
+    assert sweep_part(by_id["broadcast-inter-node"], sec, available_nodes=1, backend="gloo") is None
+    assert sweep_part(by_id["broadcast-inter-node"], sec, available_nodes=4, backend="gloo").nodes == 2
+    assert sweep_part(by_id["all_reduce-full"], sec, available_nodes=4, backend="gloo").nodes == 4
+    # two cases on the same nodes are two parts the harness bundles into one job (same shape)
+    intra = sweep_part(by_id["all_gather-intra-node"], sec, available_nodes=4, backend="gloo")
+    assert intra.key != full.key and (intra.nodes, intra.nproc_per_node, intra.env) == (1, None, {})
 
 
 def test_job_options_and_timeout():
@@ -185,12 +190,7 @@ def measured(**overrides):
     x0 = rank_value(0, "all_reduce", [3 * MiB], EXTRA)
     x1 = rank_value(1, "all_reduce", [3 * MiB], EXTRA)
     skip = {"collective": "alltoall", "skipped": "the gloo backend cannot run alltoall", "rank": 0}
-    requests = [
-        SweepRequest("all_reduce", KiB, 16 * MiB, 16384),
-        SweepRequest("all_reduce", 3 * MiB, 3 * MiB, 2),
-        SweepRequest("alltoall", KiB, 16 * MiB, 16384),
-    ]
-    return collect(job_values([[r0, x0, skip], [r1, x1, {**skip, "rank": 1}]]), requests)
+    return collect(job_values([[r0, x0, skip], [r1, x1, {**skip, "rank": 1}]]))
 
 
 def test_collect_merges_sweeps_of_a_collective_and_reports_skips():
@@ -209,10 +209,9 @@ def test_collect_merges_sweeps_of_a_collective_and_reports_skips():
     assert ar.wrong_by_rank[(KiB, False)] == (0, 0)
 
 
-def test_collect_refuses_a_job_that_ran_other_sweeps():
-    r0 = rank_value(0, "all_reduce", [KiB], {KiB: [1.0]})
-    with pytest.raises(JobFailed, match="1 sweeps for 2 requested"):
-        collect(job_values([[r0], [r0]]), [SweepRequest("all_reduce", KiB, KiB, 2)] * 2)
+def test_collect_refuses_a_job_without_values():
+    with pytest.raises(JobFailed, match="returned no rank values"):
+        collect([])
 
 
 def ar_case(*checks: dict) -> Case:
@@ -226,9 +225,11 @@ def by_metric(gs):
     return out
 
 
-def test_gates_threshold_the_checked_points_and_record_the_rest():
+def test_checks_threshold_the_checked_points_and_record_the_rest():
     case = ar_case(*AR_CHECKS, {"collective": "all_reduce", "size": "3MiB", "min_busbw": "0.5GB/s"})
-    gs = gates(case, measured()["all_reduce"], profile="cpu-local", nodes=1, dtype="float32", origin="job J")
+    gs = collective_checks(
+        case, measured()["all_reduce"], profile="cpu-local", nodes=1, dtype="float32", origin="job J"
+    )
     got = by_metric(gs)
     busbw = {(g.labels["size_bytes"], g.labels["placement"]): g for g in got["collectives.all_reduce.busbw"]}
     assert len(busbw) == 6
@@ -238,7 +239,7 @@ def test_gates_threshold_the_checked_points_and_record_the_rest():
     )
     assert gated.value == pytest.approx(1.2e9, rel=1e-4)  # the median repeat, not the 60 ms outlier
     assert gated.spread.n == 3 and gated.spread.min == pytest.approx(16 * MiB / 0.06)
-    assert gated.source == "profile cpu-local: collectives.checks[0].min_busbw"
+    assert gated.ref == ThresholdRef("cpu-local", ("collectives", "checks", 0, "min_busbw"))
     assert gated.labels == {
         "size_bytes": 16 * MiB,
         "collective": "all_reduce",
@@ -260,15 +261,16 @@ def test_gates_threshold_the_checked_points_and_record_the_rest():
 def test_failure_message_states_value_threshold_size_scope_and_the_slowest_rank(tmp_path):
     case = ar_case({"collective": "all_reduce", "size": "16MiB", "min_busbw": "12GB/s"})
     data = measured(lag=900.0)  # rank 1 spends 0.9 ms per op outside the calls: a straggler
-    gs = gates(case, data["all_reduce"], profile="copy", nodes=1, dtype="float32", origin="sweep job J1")
-    [gate] = [g for g in gs if g.threshold is not None and g.metric.endswith("busbw")]
+    gs = collective_checks(
+        case, data["all_reduce"], profile="copy", nodes=1, dtype="float32", origin="sweep job J1"
+    )
+    assert [g.metric for g in gs if g.failed] == ["collectives.all_reduce.busbw"]
     recorder = Recorder(path=tmp_path / "results.json")
     with pytest.raises(ThresholdFailure) as info:
-        recorder.check(
-            gate.metric, gate.value, gate.threshold, unit=gate.unit, comparison=gate.comparison,
-            scope=gate.scope, labels=gate.labels, spread=gate.spread, source=gate.source, context=gate.context,
-        )  # fmt: skip
+        recorder.check_all(gs)
+    assert len(recorder.measurements) == len(gs)  # every value recorded, the miss included
     message = str(info.value)
+    assert len(message.splitlines()) == 1  # the one failing check
     assert "collectives.all_reduce.busbw [intra-node]" in message
     assert "measured 1.2 GB/s, expected at least 12 GB/s" in message
     assert "size_bytes=16777216" in message and "all_reduce of 16 MiB (out-of-place, float32)" in message
@@ -279,18 +281,20 @@ def test_failure_message_states_value_threshold_size_scope_and_the_slowest_rank(
 
 
 def test_wrong_elements_name_the_rank_and_host():
-    gs = gates(ar_case(), measured(wrong=3)["all_reduce"], profile="p", nodes=1, dtype="float32", origin="J")
+    gs = collective_checks(
+        ar_case(), measured(wrong=3)["all_reduce"], profile="p", nodes=1, dtype="float32", origin="J"
+    )
     [wrong] = [g for g in gs if g.metric.endswith(".wrong")]
     assert wrong.value == 12.0  # 3 on rank 1, both sizes, both placements
-    assert "1 KiB out-of-place: 3 (rank 1 on node1: 3)" in wrong.context
+    assert "1 KiB out-of-place: 3 (rank 1 on node1: 3)" in wrong.hint
 
 
-def test_no_wrong_gate_when_the_check_is_off():
+def test_no_wrong_elements_check_when_the_check_is_off():
     data = measured()["all_reduce"]
     points = tuple(
         p.__class__(**{**{f: getattr(p, f) for f in p.__slots__}, "wrong": None}) for p in data.points
     )
-    gs = gates(
+    gs = collective_checks(
         ar_case(),
         CollectiveData("all_reduce", points, hosts=data.hosts),
         profile="p",
@@ -304,10 +308,10 @@ def test_no_wrong_gate_when_the_check_is_off():
 def test_a_checked_size_that_was_not_measured_is_an_error_not_a_pass():
     case = ar_case({"collective": "all_reduce", "size": "64MiB", "min_busbw": "1GB/s"})
     with pytest.raises(JobFailed, match="no measurement at the checked size"):
-        gates(case, measured()["all_reduce"], profile="p", nodes=1, dtype="float32", origin="J")
+        collective_checks(case, measured()["all_reduce"], profile="p", nodes=1, dtype="float32", origin="J")
 
 
-def test_nccl_tests_output_is_judged_by_the_same_gates():
+def test_nccl_tests_output_is_judged_by_the_same_collective_checks():
     """Two 'repeats' of a real 2-node x 8 H100 all_reduce run: the gate reads nccl-tests' own busbw."""
     text = (DATA / "gcp_a3mega_h100x16_all_reduce_2node.md").read_text()
     points = points_from_runs([parse(text), parse(text)])
@@ -317,11 +321,13 @@ def test_nccl_tests_output_is_judged_by_the_same_gates():
         section({"collective": "all_reduce", "scope": "inter-node", "size": "1MiB", "min_busbw": "20GB/s"})
     )[-1]
     data = CollectiveData("all_reduce", tuple(points), hosts=("a", "b"))
-    gs = gates(case, data, profile="p", nodes=2, dtype="float32", origin="all_reduce_perf", tool="nccl-tests")
+    gs = collective_checks(
+        case, data, profile="p", nodes=2, dtype="float32", origin="all_reduce_perf", tool="nccl-tests"
+    )
     [gate] = [g for g in gs if g.threshold is not None and g.metric.endswith(".busbw")]
     assert (gate.value, gate.threshold, gate.scope) == (9.68e9, 20e9, "inter-node")
     assert gate.labels["tool"] == "nccl-tests"
-    assert "nccl-tests prints no per-rank times" in gate.context and "on 2 node(s) x 8 ranks" in gate.context
+    assert "nccl-tests prints no per-rank times" in gate.hint and "on 2 node(s) x 8 ranks" in gate.hint
 
 
 # ------------------------------------------------------------------------------- the nccl-tests runner

@@ -1,9 +1,8 @@
-"""comparison.py: pairing two sides per size, sweep spans, reading the shm-vs-gloo job and a
-collective sweep, and running one workload under two environments on a stand-in cluster."""
+"""checks/comparison.py: pairing two sides per size, reading the shm-vs-gloo job and a collective
+sweep; and plans/nvlink.py's sweep spans and the two sides of the GPU speedup."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -11,15 +10,14 @@ import pytest
 from pytest_gpucluster.checks.comparison import (
     Comparison,
     RatioPoint,
-    compare_runs,
     pair,
     shm_vs_gloo,
     spread_of,
     sweep_busbw,
-    sweep_span,
 )
-from pytest_gpucluster.launch.result import JobSkipped
 from pytest_gpucluster.maths.sweep import summarize_sweep
+from pytest_gpucluster.plans.nvlink import P2P_OFF, speedup_parts, sweep_span
+from pytest_gpucluster.profiles.loader import load_profile
 from pytest_gpucluster.workloads.shm_allreduce import summarize_compare
 
 MIB = 1 << 20
@@ -193,70 +191,11 @@ def test_sweep_busbw_gives_each_repeats_busbw_in_bytes_per_second():
     assert sweep_busbw(points, in_place=True) == {}
 
 
-# --------------------------------------------------------------------------------------------
-# compare_runs on a stand-in cluster
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class FakeJob:
-    job_id: str
-    values: list[Any]
-
-
-class FakeCluster:
-    """Answers each run with a sweep whose time depends on NCCL_P2P_DISABLE, and records the calls."""
-
-    def __init__(self, fast_us: float = 100.0, slow_us: float = 400.0, skip: str | None = None) -> None:
-        self.calls: list[dict[str, Any]] = []
-        self.fast_us, self.slow_us, self.skip = fast_us, slow_us, skip
-
-    def run(self, workload: str, **kwargs: Any) -> Any:
-        self.calls.append({"workload": workload, **kwargs})
-        if self.skip:
-            raise JobSkipped(self.skip)
-        t = self.slow_us if kwargs["env"].get("NCCL_P2P_DISABLE") == "1" else self.fast_us
-        size = kwargs["options"]["min_bytes"]
-        return FakeJob(f"job{len(self.calls)}", [sweep_rank(r, size, [t, t * 1.1]) for r in range(2)])
-
-
-def test_compare_runs_alternates_the_order_and_pairs_the_sides():
-    cluster = FakeCluster()
-    comparison = compare_runs(
-        cluster,
-        "pytest_gpucluster.workloads.collectives:sweep",
-        options={"collective": "all_reduce", "min_bytes": MIB, "max_bytes": MIB},
-        env_fast={"NCCL_IB_HCA": "mlx5_0"},
-        env_slow={"NCCL_IB_HCA": "mlx5_0", "NCCL_P2P_DISABLE": "1"},
-        fast_name="nccl-p2p",
-        slow_name="nccl-p2p-disabled",
-        rounds=2,
-        nodes=1,
-        timeout=60,
-        name="speedup",
-    )
-    assert [c["name"] for c in cluster.calls] == [
-        "speedup-nccl-p2p",
-        "speedup-nccl-p2p-disabled",
-        "speedup-nccl-p2p-disabled",
-        "speedup-nccl-p2p",
-    ]
-    assert all(c["nodes"] == 1 and c["timeout"] == 60 for c in cluster.calls)
-    assert cluster.calls[0]["env"] == {"NCCL_IB_HCA": "mlx5_0"}
-    point = comparison.at(MIB)
-    assert len(point.fast) == len(point.slow) == 4  # 2 repeats x 2 rounds per side
-    assert point.ratio == pytest.approx(4.0)
-    assert comparison.pair == "nccl-p2p/nccl-p2p-disabled"
-    assert comparison.origin == "4 jobs (job1, job2, job3, job4)"
-
-
-def test_compare_runs_lets_a_skipped_job_through():
-    cluster = FakeCluster(skip="job x skipped on rank 0: no CUDA device")
-    with pytest.raises(JobSkipped, match="no CUDA device"):
-        compare_runs(
-            cluster, "m:f", options={"min_bytes": MIB}, env_fast={}, env_slow={}, fast_name="a", slow_name="b"
-        )
-    with pytest.raises(ValueError, match="rounds must be at least 1"):
-        compare_runs(
-            cluster, "m:f", options={}, env_fast={}, env_slow={}, fast_name="a", slow_name="b", rounds=0
-        )
+def test_the_gpu_speedup_is_one_sweep_under_two_environments():
+    profile = load_profile("dgx-h100-ib").model
+    fast, slow = speedup_parts(profile)
+    assert fast.options == slow.options and fast.workload == slow.workload
+    assert (fast.env, slow.env) == ({}, P2P_OFF) and fast.key != slow.key
+    sizes = sorted(int(s) for s in profile.nvlink.speedup_sizes)
+    assert set(sizes) <= set(sweep_span(sizes)[1])
+    assert fast.options["min_bytes"] == sizes[0] and fast.options["max_bytes"] == sizes[-1]

@@ -16,6 +16,7 @@ from pytest_gpucluster.profiles.derive import (
     rule_for,
 )
 from pytest_gpucluster.profiles.loader import known_profiles, load_profile, shipped_thresholds_dir
+from pytest_gpucluster.results.model import Measurement, ThresholdRef
 from pytest_gpucluster.results.recorder import Recorder
 
 FINGERPRINT = {
@@ -173,10 +174,10 @@ def test_runs_of_different_profiles_are_refused(tmp_path):
 
 
 def _sft(key: str) -> dict:
-    # as acceptance/test_sft.py records them (pytest_gpucluster/sft_cases.py)
+    # as acceptance/test_sft.py records them (pytest_gpucluster/checks/sft.py)
     return {
         "labels": {"case": "llama2-7b-2node"},
-        "source": f"profile h200-spectrumx: sft.cases[0].{key} (seed 002)",
+        "ref": ThresholdRef("h200-spectrumx", ("sft", "cases", 0, key)),
     }
 
 
@@ -207,7 +208,7 @@ H200_POINTS = [
         "fraction",
         {
             "labels": {"case": "llama2-7b-2node", "unit": "nodes", "from": 2, "to": 4},
-            "source": "profile h200-spectrumx: scaling.steps[0].min_efficiency (seed 002)",
+            "ref": ThresholdRef("h200-spectrumx", ("scaling", "steps", 0, "min_efficiency")),
         },
     ),
     ("nvlink.speedup", 5.0, 3.0, "x", {}),
@@ -287,9 +288,12 @@ def test_every_rule_maps_to_a_real_profile_key():
     models = {"collective": CollectiveCheck, "sft": SftCase, "scaling": ScalingStep, "nvlink": NvlinkSection}
     for rule in RULES:
         assert rule.key in models[rule.target].model_fields, rule
-    assert rule_for("collectives.alltoall.busbw")[1] == {"collective": "alltoall"}
-    assert rule_for("sft.my-case.tokens_per_s_per_gpu")[0].key == "min_tokens_per_s_per_gpu"
-    assert rule_for("inventory.nodes") is None
+    assert rule_for(Measurement("collectives.alltoall.busbw", 1.0, "B/s"))[1] == {"collective": "alltoall"}
+    assert (
+        rule_for(Measurement("sft.my-case.tokens_per_s_per_gpu", 1.0, "tokens/s"))[0].key
+        == "min_tokens_per_s_per_gpu"
+    )
+    assert rule_for(Measurement("inventory.nodes", 1.0, "nodes")) is None
 
 
 def test_one_key_gated_at_several_points_takes_the_most_lenient(tmp_path):
@@ -300,7 +304,7 @@ def test_one_key_gated_at_several_points_takes_the_most_lenient(tmp_path):
             v,
             1.2,
             "x",
-            {"labels": {"size_bytes": size}, "source": "profile cpu-local: nvlink.min_speedup"},
+            {"labels": {"size_bytes": size}, "ref": ThresholdRef("cpu-local", ("nvlink", "min_speedup"))},
         )
         for size, v in ((2**20, 3.0), (2**24, 2.5), (2**26, 4.0))
     ]
@@ -311,7 +315,7 @@ def test_one_key_gated_at_several_points_takes_the_most_lenient(tmp_path):
     assert "measured 2.5 x; -10% [the most lenient of 3 measured points]" in out.read_text()
 
 
-def test_mapping_sections_take_any_threshold_key_their_source_names(tmp_path):
+def test_mapping_sections_take_any_threshold_key_their_ref_names(tmp_path):
     # burnin has no row in RULES: the key, and how to write it, come from the schema
     points = [
         (
@@ -319,16 +323,16 @@ def test_mapping_sections_take_any_threshold_key_their_source_names(tmp_path):
             50e9,
             10e9,
             "FLOP/s",
-            {"labels": {"rank": 0}, "source": "profile cpu-local: burnin.min_cpu_matmul"},
+            {"labels": {"rank": 0}, "ref": ThresholdRef("cpu-local", ("burnin", "min_cpu_matmul"))},
         ),
         (
             "burnin.cpu_copy",
             8e9,
             1e9,
             "B/s",
-            {"labels": {"rank": 0}, "source": "profile cpu-local: burnin.min_cpu_memory_bandwidth"},
+            {"labels": {"rank": 0}, "ref": ThresholdRef("cpu-local", ("burnin", "min_cpu_memory_bandwidth"))},
         ),
-        ("burnin.pcie_gen", 4, 4, "gen", {"source": "profile cpu-local: burnin.min_pcie_gen"}),
+        ("burnin.pcie_gen", 4, 4, "gen", {"ref": ThresholdRef("cpu-local", ("burnin", "min_pcie_gen"))}),
     ]
     run = _record(tmp_path / "results.json", "cpu-local", points)
     out = tmp_path / "b.yaml"
@@ -352,7 +356,7 @@ def test_a_derived_profile_may_reuse_its_parents_name(cpu_run, tmp_path):
     assert profile.model.extends.endswith("cpu-local.yaml") and "/" in profile.model.extends
 
 
-def test_a_source_naming_the_gated_key_maps_any_metric_name(tmp_path):
+def test_a_ref_naming_the_gated_key_maps_any_metric_name(tmp_path):
     # tests that say which profile key they gated against need no row in RULES
     point = [
         (
@@ -360,14 +364,20 @@ def test_a_source_naming_the_gated_key_maps_any_metric_name(tmp_path):
             2.0e9,
             0.3e9,
             "B/s",
-            {"source": "profile cpu-local: collectives.checks[0].min_busbw", "labels": {"whatever": 1}},
+            {
+                "ref": ThresholdRef("cpu-local", ("collectives", "checks", 0, "min_busbw")),
+                "labels": {"whatever": 1},
+            },
         ),
         (
             "fabric.small_latency",
             1e-3,
             3e-3,
             "s",
-            {"comparison": "<=", "source": "profile cpu-local: collectives.checks[1].max_latency"},
+            {
+                "comparison": "<=",
+                "ref": ThresholdRef("cpu-local", ("collectives", "checks", 1, "max_latency")),
+            },
         ),
     ]
     run = _record(tmp_path / "results.json", "cpu-local", point)

@@ -7,18 +7,21 @@ from pathlib import Path
 import pytest
 
 from pytest_gpucluster.checks.nccl import (
-    LogSet,
+    agreement_check,
     check_agreement,
     check_expectation,
     check_profile,
     expectations_of,
-    read_logs,
+    finding_checks,
     version_at_least,
     version_tuple,
 )
+from pytest_gpucluster.checks.nccl_logs import LogSet, read_logs
 from pytest_gpucluster.errors import ParseError, ProfileError
 from pytest_gpucluster.profiles.loader import load_profile
 from pytest_gpucluster.profiles.schema import NcclSection
+from pytest_gpucluster.results.model import ThresholdRef
+from pytest_gpucluster.results.text import failure_message
 
 LOGS = Path(__file__).resolve().parent.parent / "data" / "nccl_logs"
 EFA = "efa_libfabric_aws_ofi_2.27.3.log"  # seed 003's rank-0 block: 4 ranks, aws-ofi-nccl 1.16.2
@@ -275,3 +278,26 @@ def test_probe_skips_without_nccl() -> None:
     )  # fmt: skip
     with pytest.raises(WorkloadSkip, match="backend is gloo, not nccl"):
         probe(ctx)
+
+
+def test_findings_are_checks_naming_their_profile_key() -> None:
+    run = logs(EFA)
+    findings = check_profile(run.log, section("h200-spectrumx"), run.quote)
+    checks = finding_checks(findings, "h200-spectrumx", "--nccl-log seed", probe_nodes=None)
+    network = next(c for c in checks if c.metric == "nccl.network")
+    assert (network.value, network.threshold, network.comparison, network.failed) == (0.0, 1.0, "==", True)
+    assert network.ref == ThresholdRef("h200-spectrumx", ("nccl", "network"))
+    assert network.labels == {"expected": "IB", "found": "Libfabric"}
+    assert failure_message(network).startswith(
+        "nccl.network (expected=IB, found=Libfabric): measured no, expected exactly yes "
+        "(threshold from profile h200-spectrumx: nccl.network). The log says "
+    )
+    assert "(logs from --nccl-log seed). Next: check that the RDMA stack" in network.hint
+    efa = finding_checks(check_profile(run.log, section("aws-g6e-efa"), run.quote), "aws-g6e-efa", "x")
+    plugin_version = next(c for c in efa if c.metric == "nccl.net_plugin_version")
+    assert plugin_version.ref.key == "nccl.net_plugin.min_version" and not plugin_version.failed
+
+
+def test_ranks_agreeing_or_not_is_one_check() -> None:
+    agree = agreement_check(check_agreement(logs(EFA)), 4, "x")
+    assert (agree.value, agree.failed, agree.labels["differ_on"]) == (1.0, False, "nothing")

@@ -31,9 +31,6 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def m(
     metric, value, unit="B/s", threshold=None, comparison=">=", scope="intra-node", test="t.py::t", **labels
 ):
-    verdict = "info" if threshold is None else ("pass" if value >= threshold else "fail")
-    if comparison == "<=" and threshold is not None:
-        verdict = "pass" if value <= threshold else "fail"
     return Measurement(
         test_id=test,
         metric=metric,
@@ -41,7 +38,6 @@ def m(
         unit=unit,
         threshold=threshold,
         comparison=comparison,
-        verdict=verdict,
         scope=scope,
         labels=labels,
     )
@@ -73,7 +69,7 @@ def sft():
     spread = Spread(median=0.5, min=0.45, max=0.6, mad=0.02, n=5, values=(0.45, 0.5, 0.5, 0.52, 0.6))
     return [
         Measurement(
-            "t.py::sft", "sft.step_time", 0.5, "s", 1.0, "<=", "pass", None, {"case": "tiny"}, spread
+            "sft.step_time", 0.5, "s", 1.0, "<=", labels={"case": "tiny"}, spread=spread, test_id="t.py::sft"
         ),
         m("scaling.efficiency", 0.97, "fraction", 0.9, scope=None, nodes=2),
         m("scaling.efficiency", 0.93, "fraction", 0.9, scope=None, nodes=4),
