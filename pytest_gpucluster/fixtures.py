@@ -143,12 +143,11 @@ def _params(item: Any) -> Mapping[str, Any]:
 def _upcoming(pytest_session: pytest.Session, session: GpuClusterSession) -> Callable[[], list[Part]]:
     """The parts of the selected tests from the running one on, except tests that will skip for
     what the session lacks: what a job launched now may run for them too."""
-    from pytest_gpucluster.launch.xdist import under_xdist
 
     def parts() -> list[Part]:
-        # Under xdist each worker runs a share of the tests that it cannot know in advance; a dry
-        # run prints each test's own commands.
-        if under_xdist() or session.settings.dry_run:
+        # An xdist worker runs a share of the tests that it cannot know in advance; a dry run
+        # prints each test's own commands.
+        if session.is_xdist_worker or session.settings.dry_run:
             return []
         items = list(pytest_session.items)
         ids = [item.nodeid for item in items]
@@ -172,10 +171,14 @@ def _upcoming(pytest_session: pytest.Session, session: GpuClusterSession) -> Cal
 
 @pytest.fixture(scope="session")
 def shared_jobs(
-    gpucluster_session: GpuClusterSession, cluster: Any, request: pytest.FixtureRequest
+    gpucluster_session: GpuClusterSession,
+    cluster: Any,
+    nccl_env: dict[str, str],
+    request: pytest.FixtureRequest,
 ) -> SharedJobs:
-    """The session's `harness.SharedJobs`: each part run once, parts that launch alike in one job."""
-    return SharedJobs(cluster, _upcoming(request.session, gpucluster_session))
+    """The session's `harness.SharedJobs`: each part run once, parts that launch alike in one job,
+    every job with the session's NCCL environment (``nccl_env``, which warns on names NCCL ignores)."""
+    return SharedJobs(cluster, _upcoming(request.session, gpucluster_session), nccl_env)
 
 
 def job_part(planner: Planner) -> Any:

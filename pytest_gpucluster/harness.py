@@ -89,9 +89,16 @@ Outcome = PartRun | GpuClusterError
 class SharedJobs:
     """One per session: runs parts, once each, bundling those that launch alike."""
 
-    def __init__(self, cluster: Any, upcoming: Callable[[], Iterable[Part]] = tuple) -> None:
+    def __init__(
+        self,
+        cluster: Any,
+        upcoming: Callable[[], Iterable[Part]] = tuple,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.cluster = cluster
         self.upcoming = upcoming
+        self.env = dict(env or {})
+        """Every job's environment (the session's NCCL variables), under each part's own."""
         self._done: dict[str, Outcome] = {}
 
     def run(self, part: Part, test_id: str) -> PartRun:
@@ -103,11 +110,13 @@ class SharedJobs:
             raise type(outcome)(str(outcome))
         return outcome
 
+    def _env(self, part: Part) -> dict[str, str] | None:
+        return {**self.env, **part.env} or None
+
     def _launch_shape(self, part: Part) -> str:
         """Parts with the same shape run on the same ranks with the same environment: one job can hold them."""
-        env = {**getattr(self.cluster, "default_env", {}), **part.env}
         nproc = part.nproc_per_node or getattr(getattr(self.cluster, "spec", None), "nproc_per_node", None)
-        return json.dumps([part.nodes, nproc, env, part.init_process_group], sort_keys=True)
+        return json.dumps([part.nodes, nproc, self._env(part), part.init_process_group], sort_keys=True)
 
     def _group(self, part: Part) -> list[Part]:
         """The part, then every upcoming part not yet run that may share its job."""
@@ -136,12 +145,13 @@ class SharedJobs:
                 BUNDLE_WORKLOAD,
                 nodes=first.nodes,
                 nproc_per_node=first.nproc_per_node,
-                env=dict(first.env) or None,
+                env=self._env(first),
                 timeout=sum(p.timeout_s for p in parts),
                 options={"parts": [_part_options(p) for p in parts]},
                 name=f"shared-{len(parts)}-parts",
                 init_process_group=first.init_process_group,
             )
+            values = job.values
         except JobFailed as exc:
             self._done.update(_salvage(parts, exc, test_id))
             return
@@ -151,7 +161,7 @@ class SharedJobs:
         for index, part in enumerate(parts):
             self._done[part.key] = _part_outcome(
                 part,
-                [v["parts"][index] for v in job.values],
+                [v["parts"][index] for v in values],
                 job.job_id,
                 Path(job.job_dir),
                 test_id,
@@ -164,15 +174,16 @@ class SharedJobs:
                 part.workload,
                 nodes=part.nodes,
                 nproc_per_node=part.nproc_per_node,
-                env=dict(part.env) or None,
+                env=self._env(part),
                 timeout=part.timeout_s,
                 options=dict(part.options),
                 name=part.name,
                 init_process_group=part.init_process_group,
             )
+            values = tuple(job.values)
         except GpuClusterError as exc:
             return exc
-        return PartRun(part, tuple(job.values), job.job_id, Path(job.job_dir), test_id)
+        return PartRun(part, values, job.job_id, Path(job.job_dir), test_id)
 
 
 def _part_options(part: Part) -> dict[str, Any]:
@@ -203,16 +214,17 @@ def _salvage(parts: list[Part], exc: JobFailed, test_id: str) -> dict[str, Outco
     """A bundled job failed: parts every rank finished keep their values; the one that was running
     when the job died, and those after it, fail with the job's report naming that part."""
     result = exc.result
-    job_dir = Path(result.job_dir) if result is not None else None
-    world = len(result.ranks) if result is not None else 0
+    if result is None:  # no job directory to read: every part failed with the job
+        return {p.key: JobFailed(f"{p.name} failed with the job it shared: {exc}") for p in parts}
+    job_dir, world = Path(result.job_dir), len(result.ranks)
     outcomes: dict[str, Outcome] = {}
     culprit: str | None = None
     names = tuple(p.name for p in parts)
     for index, part in enumerate(parts):
-        records = _read_records(job_dir, index, world) if job_dir is not None and culprit is None else None
+        records = _read_records(job_dir, index, world) if culprit is None else None
         if records is not None and all(r.get("status") in ("ok", "skipped") for r in records):
             others = tuple(n for n in names if n != part.name)
-            outcomes[part.key] = _part_outcome(part, records, result.job_id, job_dir, test_id, others)  # type: ignore[arg-type]
+            outcomes[part.key] = _part_outcome(part, records, result.job_id, job_dir, test_id, others)
             continue
         if culprit is None:
             culprit = part.name

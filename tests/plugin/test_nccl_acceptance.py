@@ -48,6 +48,7 @@ RANK_LOGS = {rank_logs!r}
 
 class FakeJob:
     def __init__(self, job_dir, values):
+        self.job_id = job_dir.name
         self.job_dir = job_dir
         self.values = values
 

@@ -109,7 +109,7 @@ class FakeCluster:
                                      "topo_text": topo, "topo_error": None}}])
         if name == "traffic":
             return FakeJob(job_id, [traffic(rank) for rank in range(8)])
-        env = kwargs["env"]
+        env = kwargs["env"] or {{}}
         if env.get("NCCL_SHM_DISABLE") == "1":
             time_us = SCENARIO["isolated_us"]
         elif env.get("NCCL_P2P_DISABLE") == "1":
@@ -206,7 +206,7 @@ def test_cpu_local_skips_nvlink_tests_naming_the_capability_and_gates_the_real_s
     assert (speedup["verdict"], speedup["threshold"], speedup["unit"]) == ("fail", 1000.0, "x")
     assert sorted(busbw) == ["gloo", "shm"] and all(v > 0 for v in busbw.values())
     assert speedup["value"] == pytest.approx(busbw["shm"] / busbw["gloo"])
-    assert speedup["source"] == "profile cpu-local-impossible: nvlink.min_speedup"
+    assert speedup["ref"] == {"profile": "cpu-local-impossible", "key_path": ["nvlink", "min_speedup"]}
     result.stdout.fnmatch_lines(
         [
             "*nvlink.speedup [[]intra-node[]] (size_bytes=1048576, pair=shm/gloo): "
@@ -248,7 +248,7 @@ def test_a_healthy_nvlink_node_passes_every_check(run, pytester, monkeypatch, tm
     assert by_name["nvlink-inventory"]["nproc_per_node"] == 1
     assert by_name["nvlink-inventory"]["init_process_group"] is False
     assert by_name["nvlink-speedup-nccl-p2p-disabled"]["env"]["NCCL_P2P_DISABLE"] == "1"
-    assert "NCCL_P2P_DISABLE" not in by_name["nvlink-speedup-nccl-p2p"]["env"]
+    assert "NCCL_P2P_DISABLE" not in (by_name["nvlink-speedup-nccl-p2p"]["env"] or {})
     assert by_name["nvlink-speedup-nccl-p2p"]["nodes"] == 1
     assert by_name["nvlink-speedup-nccl-p2p"]["options"]["min_bytes"] == 16 << 20
     isolated = by_name["nvlink-isolated-intra"]["env"]

@@ -1,4 +1,4 @@
-"""acceptance/test_sft.py and test_scaling.py: the pure parent side (sft_cases), whole runs gating
+"""acceptance/test_sft.py and test_scaling.py: the pure parent side (plans/sft, checks/sft), whole runs gating
 seed 000's training logs against the H800 and A800 profiles (pass and fail), skips on a machine
 without what a case needs, and one real 2-rank DeepSpeed run under a copied cpu-local whose memory
 ceiling is below what the ranks use."""
@@ -12,21 +12,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytest_gpucluster.checks.sft import (
-    find_case,
-    gate,
-    launched_checks,
-    log_checks,
-    parse_log_argument,
-    scaling_counts,
-    scaling_job,
-    workload_options,
-)
+from pytest_gpucluster.checks.sft import launched_checks, log_checks
 from pytest_gpucluster.errors import ParseError, ProfileError
 from pytest_gpucluster.parsers.train_log import parse_train_log
+from pytest_gpucluster.plans.sft import (
+    find_case,
+    parse_log_argument,
+    scaling_counts,
+    scaling_part,
+    workload_options,
+)
 from pytest_gpucluster.profiles.detect import MachineInfo
 from pytest_gpucluster.profiles.loader import load_profile
-from pytest_gpucluster.results.recorder import Recorder, ThresholdFailure
+from pytest_gpucluster.results.recorder import NotMeasured, Recorder, ThresholdFailure
 from pytest_gpucluster.workloads.sft import SFTOptions
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,13 +32,15 @@ ACCEPTANCE = REPO / "acceptance"
 LOGS = REPO / "tests" / "data" / "train_logs"
 CPU_LOCAL = REPO / "thresholds" / "cpu-local.yaml"
 WHY = "no CUDA device on testhost (no nvidia-smi, no /dev/nvidia*)"
-TORCH_EXTENSIONS = os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "torch_extensions")
+# DeepSpeed builds its CPU ops under $XDG_CACHE_HOME/torch_extensions (once per machine, ~30 s);
+# pytester moves HOME, so the real cache is named before it does.
+CACHE_HOME = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
 
 NO_GPU = MachineInfo(hostname="testhost", cuda_available=False, reasons={"cuda": WHY, "nccl": WHY})
 
 
 # --------------------------------------------------------------------------------------------
-# sft_cases, pure
+# plans/sft and checks/sft, pure
 # --------------------------------------------------------------------------------------------
 
 
@@ -92,14 +92,25 @@ def test_train_log_arguments_and_cases():
         find_case(h800, "llama-70b")
 
 
-def test_scaling_counts_and_jobs():
+def test_scaling_counts_and_parts():
     h200 = load_profile("h200-spectrumx").model
-    case = find_case(h200, h200.scaling.case)[1]
     assert scaling_counts(h200.scaling) == (2, 4, 8)
-    assert scaling_job(h200.scaling, case, 4, 8) == (4, 8)
+    four = scaling_part(h200, 4, 8, timeout_s=900)
+    assert (four.nodes, four.nproc_per_node, four.name, four.measures_memory) == (
+        4,
+        8,
+        "sft-llama2-7b-2node-4x8",
+        True,
+    )
     cpu = load_profile("cpu-local").model
     assert scaling_counts(cpu.scaling) == (1, 2)
-    assert scaling_job(cpu.scaling, cpu.sft.cases[0], 2, 2) == (1, 2)
+    assert (
+        scaling_part(cpu, 2, 2, timeout_s=900).nodes,
+        scaling_part(cpu, 2, 2, timeout_s=900).nproc_per_node,
+    ) == (1, 2)
+    # the count that test_sft also trains is the same part: the harness runs it once
+    two = scaling_part(cpu, 2, 2, timeout_s=900)
+    assert two.key == scaling_part(cpu, 2, 5, timeout_s=900).key == two.key
 
 
 def _rank(rank: int, step: float, memory: float, util: float | None = None) -> dict:
@@ -131,22 +142,23 @@ def test_launched_checks_gate_the_slowest_rank_and_each_ranks_memory(tmp_path):
     h800 = load_profile("h800-ib").model
     case = h800.sft.cases[0].model_copy(update={"min_gpu_util": 0.9, "min_mfu": 0.35})
     values = [_rank(0, 7.0, 60e9, 95), _rank(1, 9.0, 75e9, 95)]
-    checks, unmeasured = launched_checks(case, 0, h800, values)
+    checks = launched_checks(case, 0, h800, values, "job J")
     by = {(c.metric, c.labels.get("rank")): c for c in checks}
     assert by[("sft.step_time", None)].value == 9.0 and by[("sft.step_time", None)].spread.n == 3
     assert by[("sft.samples_per_s", None)].value == pytest.approx(16 / 9)
     assert by[("sft.peak_memory", 1)].labels == {"case": "llama-13b-zero2-8gpu", "rank": 1, "host": "node1"}
     assert by[("sft.gpu_util", 0)].value == 0.95 and by[("sft.loss_finite", None)].value == 0.0
-    assert unmeasured == []
+    assert all(c.measured for c in checks)
     recorder = Recorder(tmp_path / "results.json")
     with pytest.raises(ThresholdFailure) as failed:
-        gate(recorder, checks)
+        recorder.check_all(checks)
     lines = str(failed.value).splitlines()
     assert lines[0].startswith(
         "sft.step_time (case=llama-13b-zero2-8gpu): measured 9 s, expected at most 8.6 s (threshold from "
-        "profile h800-ib: sft.cases[0].max_step_time (seed 000 (H800, llama-13b, 8 GPUs))); median of 3"
+        "profile h800-ib: sft.cases[0].max_step_time); median of 3"
     )
-    assert "rank 1 on node1 was the slowest" in lines[0]
+    assert "rank 1 on node1 was the slowest" in lines[0] and "Job: job J." in lines[0]
+    assert lines[0].endswith("Threshold: seed 000 (H800, llama-13b, 8 GPUs).")
     memory = next(line for line in lines if line.startswith("sft.peak_memory"))
     assert memory.startswith(
         "sft.peak_memory (case=llama-13b-zero2-8gpu, rank=1, host=node1): measured 69.85 GiB, "
@@ -155,9 +167,25 @@ def test_launched_checks_gate_the_slowest_rank_and_each_ranks_memory(tmp_path):
     assert len(recorder.measurements) == len(checks)  # the misses did not stop the recording
 
     values = [_rank(0, 7.0, 60e9), {**_rank(1, 7.0, 60e9), "mfu": None, "mfu_reason": "no peak_flops"}]
-    _, unmeasured = launched_checks(case, 0, h800, values)
-    assert unmeasured[0].startswith("sft.mfu (case=llama-13b-zero2-8gpu): profile h800-ib sets sft.cases[0]")
-    assert "utilisation was not sampled: nvidia-ml-py is not installed" in unmeasured[1]
+    values = [{**v, "losses": [2.0, 1.5]} for v in values]
+    unmeasured = [c for c in launched_checks(case, 0, h800, values, "job J") if not c.measured]
+    assert [(c.metric, c.labels.get("rank")) for c in unmeasured] == [
+        ("sft.mfu", None),
+        ("sft.gpu_util", 0),
+        ("sft.gpu_util", 1),
+    ]
+    assert unmeasured[0].hint.startswith("MFU was not measured: no peak_flops. Set cluster.peak_flops")
+    assert "utilisation was not sampled: nvidia-ml-py is not installed" in unmeasured[1].hint
+    met = case.model_copy(
+        update={k: None for k in ("max_step_time", "min_samples_per_s", "min_tokens_per_s_per_gpu")}
+    )
+    with pytest.raises(
+        NotMeasured
+    ) as gap:  # only thresholds nothing measured: a set-up gap, not a slow cluster
+        Recorder(tmp_path / "r2.json").check_all(launched_checks(met, 0, h800, values, "job J"))
+    assert str(gap.value).startswith(
+        "sft.mfu (case=llama-13b-zero2-8gpu): measured n/a, expected at least 35%"
+    )
 
 
 def test_log_checks_answer_what_a_log_can():
@@ -182,7 +210,7 @@ def run(pytester, tmp_path, monkeypatch):
     monkeypatch.delenv("GPUCLUSTER_HW", raising=False)
     monkeypatch.delenv("_GPUCLUSTER_SESSION_RESULTS_DIR", raising=False)
     monkeypatch.setattr("pytest_gpucluster.session.detect_machine", lambda: NO_GPU)
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", TORCH_EXTENSIONS)
+    monkeypatch.setenv("XDG_CACHE_HOME", CACHE_HOME)
     pytester.makepyfile(
         test_sft=(ACCEPTANCE / "test_sft.py").read_text(encoding="utf-8"),
         test_scaling=(ACCEPTANCE / "test_scaling.py").read_text(encoding="utf-8"),
@@ -228,7 +256,10 @@ def test_seed_000_h800_log_passes_the_h800_case_and_says_what_it_left_unchecked(
         "case": "llama-13b-zero2-8gpu",
         "log": "seed000_h800_llama13b_8gpu.log",
     }
-    assert got["sft.step_time"]["source"].startswith("profile h800-ib: sft.cases[0].max_step_time")
+    assert got["sft.step_time"]["ref"] == {
+        "profile": "h800-ib",
+        "key_path": ["sft", "cases", 0, "max_step_time"],
+    }
 
 
 def test_seed_000_a800_logs_by_glob_the_8_gpu_run_fails_the_1_gpu_case(run, tmp_path):
@@ -239,8 +270,8 @@ def test_seed_000_a800_logs_by_glob_the_8_gpu_run_fails_the_1_gpu_case(run, tmp_
             "*test_sft[[]log-seed000_a800_llama7b_1gpu.log[]] PASSED*",
             "*test_sft[[]log-seed000_a800_llama7b_8gpu.log[]] FAILED*",
             "*sft.step_time (case=llama-7b-zero2-1gpu, log=seed000_a800_llama7b_8gpu.log): measured 13.24 s, "
-            "expected at most 7.7 s (threshold from profile a800-ib: sft.cases[[]0[]].max_step_time (seed 000 "
-            "(A800, llama-7b, 1 GPU)))*",
+            "expected at most 7.7 s (threshold from profile a800-ib: sft.cases[[]0[]].max_step_time). *"
+            "Threshold: seed 000 (A800, llama-7b, 1 GPU).*",
         ]
     )
     verdicts = {(m["labels"]["log"], m["metric"]): m["verdict"] for m in measurements(tmp_path)}

@@ -40,7 +40,6 @@ class FakeCluster:
     root: Path
     fail: str | None = None
     skip: str | None = None
-    default_env: dict[str, str] = field(default_factory=lambda: {"NCCL_DEBUG": "WARN"})
     calls: list[dict[str, Any]] = field(default_factory=list)
 
     def run(self, workload: str, **kwargs: Any) -> Job:
@@ -107,18 +106,20 @@ def test_a_part_alone_runs_as_its_own_job_once(tmp_path):
 def test_the_first_request_bundles_every_upcoming_part_that_launches_alike(tmp_path):
     cluster = FakeCluster(tmp_path)
     upcoming = [HEALTH, SWEEP, ONE_RANK, P2P_OFF, SFT, part("kept-apart", shareable=False)]
-    jobs = SharedJobs(cluster, lambda: upcoming)
+    jobs = SharedJobs(cluster, lambda: upcoming, env={"NCCL_DEBUG": "WARN"})
     health = jobs.run(HEALTH, "t1")
     [bundle] = cluster.calls
     # the SFT part measures memory: it runs first; nproc None is the cluster's 2 ranks (from spec)
     assert [p["name"] for p in bundle["options"]["parts"]] == ["health", "sweep"]
     assert bundle["workload"] == BUNDLE_WORKLOAD and bundle["timeout"] == 1200.0
+    assert bundle["env"] == {"NCCL_DEBUG": "WARN"}  # the session's NCCL environment
     assert health.companions == ("sweep",) and "shared with sweep" in health.origin
     assert jobs.run(SWEEP, "t2").values[1] == {"part": "sweep", "rank": 1}
     assert len(cluster.calls) == 1  # the sweep came from the bundle
     jobs.run(ONE_RANK, "t3")
     jobs.run(P2P_OFF, "t4")
     assert [c["name"] for c in cluster.calls[1:]] == ["sft-1", "p2p-off"]
+    assert cluster.calls[2]["env"] == {"NCCL_DEBUG": "WARN", "NCCL_P2P_DISABLE": "1"}  # the part's own on top
 
 
 def test_explicit_rank_count_matching_the_clusters_bundles_and_memory_parts_go_first(tmp_path):
