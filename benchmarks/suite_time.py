@@ -38,7 +38,9 @@ def workload_seconds(job_dir: Path) -> tuple[float, str]:
         return 0.0, "(no rank-0.json)"
     record = json.loads(rank0.read_text(encoding="utf-8"))
     job = json.loads((job_dir / "job.json").read_text(encoding="utf-8"))
-    spent = float(record.get("finished_at") or record.get("started_at") or 0) - float(record.get("started_at") or 0)
+    spent = float(record.get("finished_at") or record.get("started_at") or 0) - float(
+        record.get("started_at") or 0
+    )
     return max(spent, 0.0), str(job.get("workload", "?"))
 
 
