@@ -79,7 +79,7 @@ def test_a_cpu_floor_fails_the_rank_below_it_and_names_it():
     suspect = suspect_of(failed[0])
     assert (suspect.node, suspect.rank, suspect.kind, suspect.check) == ("vm", 0, "node", "health")
     assert suspect.reason == (
-        "CPU float32 matmul 0.02857 TFLOP/s, expected at least 0.03 TFLOP/s (burnin.min_cpu_matmul)"
+        "rank 0 on vm: CPU float32 matmul 0.02857 TFLOP/s, expected at least 0.03 TFLOP/s (burnin.min_cpu_matmul)"
     )
     assert suspect.line() == f"node vm (rank 0): {suspect.reason}"
     assert failed[0].labels == {"host": "vm", "rank": 0}
@@ -103,7 +103,7 @@ def test_gpu_readings_gate_each_gpu_and_name_it():
     assert failed[0].hint == "GPU 1 (00000000:3b:00.0) of gpu-node-1: temperature"
     suspect = suspect_of(failed[0])
     assert (suspect.kind, suspect.node, suspect.gpu) == ("gpu", "gpu-node-1", "GPU 1 (00000000:3b:00.0)")
-    assert suspect.line() == (
+    assert suspect.reason == (
         "GPU 1 (00000000:3b:00.0) of gpu-node-1: temperature 91 C, expected at most 85 C (burnin.max_temperature)"
     )
     # An unset threshold is recorded, not gated; the row-remap failure flag is always gated.

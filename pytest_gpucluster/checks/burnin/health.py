@@ -72,8 +72,8 @@ def suspect_of(check: Check) -> Suspect:
     threshold = "n/a" if check.threshold is None else format_value(check.threshold, check.unit)
     key = f" ({check.ref.key})" if check.ref else ""
     reason = (
-        f"{check.hint.split(': ', 1)[-1]} {format_value(check.value, check.unit)}, expected "
-        f"{_EXPECTED[check.comparison]} {threshold}{key}"
+        f"{check.hint} {format_value(check.value, check.unit)}, expected {_EXPECTED[check.comparison]} "
+        f"{threshold}{key}"
     )
     return Suspect(
         node=str(labels["host"]),
