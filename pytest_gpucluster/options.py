@@ -263,6 +263,14 @@ def add_options(parser: pytest.Parser) -> None:
         help="print, per host, the exact commands each test would launch, and launch nothing",
     )
     group.addoption(
+        "--gpucluster-reap",
+        dest="gpucluster_reap",
+        action="store_true",
+        default=False,
+        help="at session start, kill the processes that crashed earlier sessions left on the nodes and "
+        "remove stale DeepSpeed /dev/shm segments (without it they are only reported)",
+    )
+    group.addoption(
         "--gpucluster-drain",
         dest="gpucluster_drain",
         action="store_true",

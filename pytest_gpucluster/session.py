@@ -6,6 +6,7 @@ it under a typed StashKey; fixtures read it from there.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -36,6 +37,11 @@ class GpuClusterSession:
     recorder: Recorder
     is_xdist_worker: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    session_tag: str = ""
+    """``host:pid:start`` of the pytest that owns this run (an xdist worker's parent): every job
+    carries it, so a later session can tell this run's leftovers from a live run's jobs."""
+    leftovers: Any = None
+    """What `check_leftovers` found at session start (a `LeftoverReport`), or None."""
 
     @classmethod
     def start(cls, config: pytest.Config, settings: Settings) -> GpuClusterSession:
@@ -65,6 +71,7 @@ class GpuClusterSession:
             results_dir=results_dir,
             recorder=recorder,
             is_xdist_worker=worker,
+            session_tag=_session_tag(config),
         )
         recorder.header = session.header_record()
         return session
@@ -144,6 +151,8 @@ class GpuClusterSession:
         ]
         for warning in self.profile.warnings:
             lines.append(f"gpucluster: WARNING {warning}")
+        if self.leftovers is not None:
+            lines += [f"gpucluster: {line}" for line in self.leftovers.lines()]
         if self.settings.dry_run:
             lines.append("gpucluster: dry run — commands are printed, nothing is launched")
         return lines
@@ -175,7 +184,22 @@ class GpuClusterSession:
             remote_exec=self.settings["gpucluster_remote_exec"],
             progress=self.progress,
             default_env=self.nccl_env,
+            session_tag=self.session_tag,
         )
+
+    def check_leftovers(self, *, kill: bool) -> None:
+        """Look for what crashed sessions left on this machine and the hostfile's nodes (through
+        the remote-exec prefix); with ``kill``, reap it. Reported in the header and results.json."""
+        from pytest_gpucluster.launch.base import RemoteExec
+        from pytest_gpucluster.launch.leftover_check import check_leftovers
+
+        hosts = [(e.host, e.user) for e in self.hostfile.entries] if self.hostfile is not None else []
+        remote = self.settings["gpucluster_remote_exec"]
+        self.leftovers = check_leftovers(
+            hosts, RemoteExec.parse(remote) if remote else None, sys.executable, self.session_tag, kill=kill
+        )
+        if not self.leftovers.empty:
+            self.recorder.header["leftovers"] = self.leftovers.to_json()
 
     def _launcher_kwargs(self, name: str) -> dict[str, Any]:
         extra = self.settings["gpucluster_launcher_args"]
@@ -195,6 +219,21 @@ class GpuClusterSession:
         except GpuClusterError as exc:
             return exc
         return None
+
+
+def _session_tag(config: pytest.Config) -> str:
+    """This run's owner: the xdist controller for a worker, the job's session on a rank."""
+    from pytest_gpucluster.launch.leftovers import SessionTag
+    from pytest_gpucluster.workloads._runtime import SESSION_ENV
+
+    if os.environ.get("GPUCLUSTER_RANK_SIDE") == "1" and os.environ.get(SESSION_ENV):
+        return os.environ[SESSION_ENV]
+    if hasattr(config, "workerinput"):
+        try:
+            return str(SessionTag.of_process(os.getppid()))
+        except ProcessLookupError:
+            pass  # the controller is gone already; this worker is on its own
+    return str(SessionTag.of_process())
 
 
 def _results_dir(settings: Settings) -> Path:
