@@ -6,6 +6,8 @@ this machine in which rank 1 hangs, then kills that pytest and watches the proce
 
 - ``kill -9``: nothing of the pytest runs any more, so the guard around the agent
   (`launch.guard`, watching the pytest's pid) must end the job: within 15 s nothing is left;
+  the same for a job on two network-namespace nodes reached through a remote-exec template,
+  where each node's guard watches its stdin (as through ssh) and nothing else ends the job;
 - SIGTERM: the same, through the plugin's Ctrl-C path, and results.json keeps the measurement
   the test took before the signal, and the fixtures are torn down;
 - a session killed so hard that its guard died too leaves a helper process behind; the next
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import time
@@ -24,6 +27,7 @@ import pytest
 from proc_table import job_pids, wait_until_gone
 
 from pytest_gpucluster.launch import get_launcher
+from pytest_gpucluster.testbed.netns import NetnsUnavailable, create_testbed
 
 pytestmark = pytest.mark.skipif(
     get_launcher("torchrun").available() is not None, reason="torch is not installed"
@@ -143,6 +147,33 @@ def test_a_leftover_of_a_killed_session_is_reported_then_reaped(spawn_pytest, tm
         f"LEFTOVER on {host}: /dev/shm/{stale.name} (0 MiB), mapped by no process; removed"
         in reaping.output()
     )
+
+
+def test_kill_9_of_pytest_leaves_no_process_on_remote_nodes(spawn_pytest, tmp_path):
+    try:
+        bed = create_testbed(2)
+    except NetnsUnavailable as exc:
+        pytest.skip(str(exc))
+    with bed:
+        hostfile = tmp_path / "hosts"
+        hostfile.write_text(bed.hostfile_text(slots=1))
+        # A template, not the "netns" preset: the launch takes the nodes for truly remote ones,
+        # whose processes it cannot see, so nothing on this side is meant to end them.
+        template = shlex.join(bed.remote_exec_template)
+        run = spawn_pytest(
+            HANGING_JOB, "--hw=cpu-local", f"--hostfile={hostfile}", "--nproc-per-node=1",
+            f"--remote-exec={template}",
+        )  # fmt: skip
+        job = run.wait_for_hung_rank()
+        os.kill(run.pid, signal.SIGKILL)
+        left = wait_until_gone(job.name, GONE_WITHIN_S)
+        assert left == [], f"still alive {GONE_WITHIN_S:g} s after kill -9 of pytest: {left}"
+        # Each node's own guard saw its stdin close and stopped the job there.
+        for node in bed.names:
+            log = (job / f"agent-{node}.log").read_text()
+            said = f"gpucluster guard on {node}: stdin closed: the pytest that owns the job, or the connection to it, is gone; stopping job {job.name}"
+            assert said in log, log
+        assert "in hang_on_rank" in (job / "rank-1.log").read_text()
 
 
 def _cmdline(pid: int) -> bytes:
