@@ -223,8 +223,9 @@ def _leave_like(code: int) -> int:
     if code >= 0:
         return code
     sig = -code
-    with contextlib.suppress(OSError, ValueError):
+    with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP take no handler
         signal.signal(sig, signal.SIG_DFL)
+    with contextlib.suppress(OSError):
         os.kill(os.getpid(), sig)
         time.sleep(1.0)  # a signal whose default action is to ignore it ends up here
     return 128 + sig

@@ -66,16 +66,18 @@ class FoundJob:
     def is_leftover(self) -> bool:
         return self.owner == "dead"
 
-    def owner_text(self) -> str:
+    def describe(self) -> str:
+        """``job X of <whose>``, for people."""
         tag = SessionTag.parse(self.session)
         if tag is None:
-            return "no session tag (started by hand, or by an older pytest-gpucluster)"
+            return f"job {self.job_id} (no session tag: started by hand, or by an older pytest-gpucluster)"
         where = f"pytest pid {tag.pid} on {tag.host}"
-        return {
+        whose = {
             "dead": f"a session that is gone ({where})",
             "alive": f"another running session ({where})",
             "unknown": f"a session on another machine ({where}), which cannot be checked from here",
         }[self.owner]
+        return f"job {self.job_id} of {whose}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,18 +105,19 @@ class LeftoverReport:
         return not (self.jobs or self.segments or self.unchecked)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "jobs": [asdict(job) for job in self.jobs],
             "shm_segments": [asdict(segment) for segment in self.segments],
             "unchecked": [{"host": host, "reason": why} for host, why in self.unchecked],
         }
+        return json.loads(json.dumps(data))  # tuples as lists, as results.json will hold them
 
     def lines(self) -> list[str]:
         """For the report header: one line per job, segment and unreachable node."""
         out = []
-        for job in self.jobs:
+        for job in sorted(self.jobs, key=lambda j: not j.is_leftover):  # what to act on first
             pids = ", ".join(map(str, job.pids[:8])) + (" ..." if len(job.pids) > 8 else "")
-            what = f"job {job.job_id} of {job.owner_text()}: {len(job.pids)} process(es) (pids {pids}; {job.commands[0]})"
+            what = f"{job.describe()}: {len(job.pids)} process(es) (pids {pids}; {job.commands[0]})"
             if not job.is_leftover:
                 out.append(f"WARNING on {job.host}: {what}; not touched, but it competes with this run")
             elif job.action == "reported":
