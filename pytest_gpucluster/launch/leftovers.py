@@ -77,6 +77,8 @@ class SessionTag:
         """The tag of a live process on this machine (default: this one)."""
         pid = os.getpid() if pid is None else pid
         start = process_start_ticks(pid)
+        if start is None and pid == os.getpid():
+            start = 0  # no /proc (not Linux): the tag still names this process, if less surely
         if start is None:
             raise ProcessLookupError(f"no process {pid} on this machine")
         return cls(host=host or socket.gethostname(), pid=pid, start=start)
@@ -159,7 +161,11 @@ def job_processes(proc: str = "/proc") -> list[JobProcess]:
     found = []
     me = str(os.getpid())
     key, session_key = JOB_ID_ENV.encode(), SESSION_ENV.encode()
-    for entry in sorted(os.listdir(proc), key=lambda e: (len(e), e)):
+    try:
+        entries = sorted(os.listdir(proc), key=lambda e: (len(e), e))
+    except OSError:  # no /proc: nothing can be found (and nothing was launched by this package)
+        return []
+    for entry in entries:
         if not entry.isdigit() or entry == me:
             continue
         env = _environ(entry, proc)
@@ -187,7 +193,11 @@ def deepspeed_segments(shm: str = SHM_DIR, proc: str = "/proc") -> list[ShmSegme
         return []
     mapped: dict[str, list[int]] = {str(p): [] for p in paths}
     needles = {str(p): str(p).encode() for p in paths}
-    for entry in os.listdir(proc):
+    try:
+        entries = os.listdir(proc)
+    except OSError:
+        entries = []
+    for entry in entries:
         if not entry.isdigit():
             continue
         try:

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from pytest_gpucluster.workloads._runtime import JOB_ID_ENV, PROGRESS_FILE
 
@@ -304,7 +305,7 @@ def run_commands(
     logs = agent_log_paths(spec.job_dir, [c.host for c in commands])  # type: ignore[attr-defined]
     procs: list[subprocess.Popen | None] = []
     handles = []
-    lifelines: list = []  # stdin pipes of remote commands, open until their agents are done
+    lifelines: list[IO[bytes]] = []  # stdin pipes of remote commands, open until their agents are done
     start_error: str | None = None
     timed_out = False
     abort_reason: str | None = None
