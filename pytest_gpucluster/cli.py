@@ -48,9 +48,9 @@ PARSERS: dict[str, ParserEntry] = {
     ),
     "nvlink": ParserEntry(
         "pytest_gpucluster.parsers.nvidia_nvlink",
-        "parse_nvlink_text",
-        "to_json",
-        "nvidia-smi nvlink -s / -gt d / -gt r",
+        "parse_nvlink_captures",
+        "captures_to_json",
+        "nvidia-smi nvlink -s / -gt d / -gt r; a list, one object per capture (idle, training...)",
     ),
     "train-log": ParserEntry(
         "pytest_gpucluster.parsers.train_log",

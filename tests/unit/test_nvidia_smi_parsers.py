@@ -314,9 +314,9 @@ def test_a_counter_in_another_unit_is_refused_not_guessed():
         parse_nvlink_text(text)
 
 
-def test_mixed_counter_kinds_are_refused():
+def test_two_captures_of_different_kinds_are_refused_by_the_one_report_parser():
     text = read("nvlink_gt_d_h800_gpu0.txt") + read("nvlink_gt_r_h800_gpu0.txt")
-    with pytest.raises(ParseError, match="mixes data and raw"):
+    with pytest.raises(ParseError, match=r"holds 2 captures \(data at lines 2-18, raw at lines 20-36\)"):
         parse_nvlink_text(text)
     with pytest.raises(ParseError, match="expected only data"):
         parse_nvlink_counters(read("nvlink_gt_r_h800_gpu0.txt"), "data")
