@@ -162,7 +162,9 @@ def _strings(value: Any, where: str, source: str) -> tuple[tuple[str, ...], tupl
             if isinstance(item.get("error_id"), int):
                 ids.append(item["error_id"])
         elif item is not None:
-            raise ParseError(f"{source}: '{where}': expected text or {{'warning': ...}} entries, got {item!r}")
+            raise ParseError(
+                f"{source}: '{where}': expected text or {{'warning': ...}} entries, got {item!r}"
+            )
     return tuple(texts), tuple(ids)
 
 

@@ -61,7 +61,7 @@ _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:Gb/sec|Gbps|Gb/s)?\s*(?:\((.*)\))?
 
 
 def _number_and_word(text: str) -> tuple[int | None, str]:
-    m = _LEADING_NUMBER.match(text) or None
+    m = _LEADING_NUMBER.match(text)
     if m:
         return int(m.group(1)), m.group(2).strip()
     m = _TRAILING_NUMBER.match(text)
