@@ -56,7 +56,8 @@ __all__ = ["BENIGN_WARNS", "ERROR_LINE", "benign_reason", "failure_kind", "is_to
 
 BENIGN_WARNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("deprecated setting", re.compile(r"\bdeprecated\b", re.IGNORECASE)),
-    ("ignored setting", re.compile(r"\bignor(?:e|ed|ing)\b", re.IGNORECASE)),
+    # "ignoring"/"ignored", not "ignore": MNNVL's failure says "Set NCCL_MNNVL_ENABLE=0 to ignore this issue".
+    ("ignored setting", re.compile(r"\bignor(?:ed|ing)\b", re.IGNORECASE)),
     ("clamped setting", re.compile(r"\bsetting (?:NCCL_\w+ )?to \d+|\busing default\b")),
     (
         "fallback",
