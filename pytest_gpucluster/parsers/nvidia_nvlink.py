@@ -151,9 +151,9 @@ class NvlinkCapture:
 def parse_nvlink_captures(text: str) -> tuple[NvlinkCapture, ...]:
     """Every ``nvlink -s``/``-gt d``/``-gt r`` reading in ``text``, in order, each parsed on its own.
 
-    Raises ParseError when no capture has a link line of those forms (see :func:`parse_nvlink_text`);
-    a capture whose GPUs print no link line at all (no NVLink) is kept only when its kind is known
-    from a capture-free text via :func:`parse_nvlink_status`.
+    A capture with GPU lines but no link line of those forms (GPUs without NVLink, ``nvlink -c``
+    output) is skipped: its kind cannot be told; read such a text with :func:`parse_nvlink_status`.
+    Raises ParseError when no capture is left, saying what was looked for.
     """
     captures = []
     for span in split_captures(text):
@@ -167,7 +167,7 @@ def parse_nvlink_captures(text: str) -> tuple[NvlinkCapture, ...]:
             )
         except ParseError as exc:
             raise ParseError(f"nvidia-smi nvlink capture at lines {span.first}-{span.last}: {exc}") from None
-        captures.append(NvlinkCapture(report, span.first, span.last, span.command, span.heading or None))
+        captures.append(NvlinkCapture(report, span.first, span.last, span.command, span.heading))
     if not captures:
         parse_nvlink_text(text)  # raises, saying what was looked for
     return tuple(captures)

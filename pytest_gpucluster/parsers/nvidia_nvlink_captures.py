@@ -13,7 +13,7 @@ counters, counters to ``-s`` status). Blank lines and elisions (``...``) do not 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pytest_gpucluster.parsers.nvidia_smi import parse_gpu_header
 
@@ -30,21 +30,28 @@ _COMMAND = re.compile(r"nvidia-smi\b")
 _PROMPT = re.compile(r"^[\s>$#]*(?:\S+@\S+[:~][^$#]*[$#]\s*)?")
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class CaptureSpan:
     """Lines ``first``..``last`` (1-based) of one capture, with what stood before it."""
 
     first: int
     last: int
     kind: str | None  # "status" | "data" | "raw"; None when no link line was readable
-    command: str | None = None  # "nvidia-smi nvlink -i 0 -gt d", from the prompt line before it
-    heading: str | None = None  # the last line of prose before it ("# 模型训练时（LLaMA-13B）", "end:")
-    gpus: set[int] = field(default_factory=set)
-    lines: list[str] = field(default_factory=list)
+    command: str | None  # "nvidia-smi nvlink -i 0 -gt d", from the prompt line before it
+    heading: str | None  # the last line of prose before it ("# 模型训练时（LLaMA-13B）", "end:")
+    text: str  # its lines, each with its line end
 
-    @property
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
+
+@dataclass
+class _Block:
+    """One ``GPU <i>: ...`` line and the link lines under it, while lines stream in."""
+
+    first: int
+    last: int
+    gpu: int
+    kind: str | None = None
+    command: str | None = None  # the command line since the previous block, if any
+    heading: str | None = None  # the prose since the previous block ("" for a bare Markdown fence)
 
 
 def _link_kind(line: str) -> str | None:
@@ -54,22 +61,21 @@ def _link_kind(line: str) -> str | None:
     return "data" if m.group(1) else "raw" if m.group(2) else "status"
 
 
-def _blocks(lines: list[str]) -> list[tuple[int, int, int, str | None, str | None, str | None]]:
-    """GPU blocks: (first, last, gpu index, kind, command before, prose before), line numbers 1-based."""
-    blocks = []
+def _blocks(lines: list[str]) -> list[_Block]:
+    blocks: list[_Block] = []
     command = heading = None
-    current: list | None = None
+    current: _Block | None = None
     for n, line in enumerate(lines, start=1):
         header = parse_gpu_header(line)
         kind = _link_kind(line)
         if header is not None:
-            current = [n, n, header.index, None, command, heading]
+            current = _Block(n, n, header.index, None, command, heading)
             blocks.append(current)
             command = heading = None
         elif kind is not None or _NVML_NOTE.match(line) or _ANY_LINK.match(line):
             if current is not None:
-                current[1] = n
-                current[3] = current[3] or kind
+                current.last = n
+                current.kind = current.kind or kind
         elif not line.strip() or _ELISION.match(line):
             continue
         else:
@@ -80,28 +86,37 @@ def _blocks(lines: list[str]) -> list[tuple[int, int, int, str | None, str | Non
                 heading = heading or ""  # a Markdown fence splits, but labels nothing
             else:
                 heading = line.strip()
-    return [tuple(b) for b in blocks]
+    return blocks
 
 
 def split_captures(text: str) -> list[CaptureSpan]:
     """The captures in ``text``, in order; each holds at least one GPU block."""
     lines = text.splitlines()
-    spans: list[CaptureSpan] = []
-    for first, last, gpu, kind, command, heading in _blocks(lines):
-        span = spans[-1] if spans else None
-        starts_new = (
-            span is None
-            or command is not None
-            or heading is not None
-            or gpu in span.gpus
-            or (kind is not None and span.kind is not None and kind != span.kind)
+    groups: list[list[_Block]] = []
+    for block in _blocks(lines):
+        group = groups[-1] if groups else None
+        kind = next((b.kind for b in group or () if b.kind), None)
+        if (
+            group is None
+            or block.command is not None
+            or block.heading is not None
+            or block.gpu in {b.gpu for b in group}
+            or (block.kind is not None and kind is not None and block.kind != kind)
+        ):
+            groups.append([block])
+        else:
+            group.append(block)
+    spans = []
+    for group in groups:
+        first, last = group[0].first, group[-1].last
+        spans.append(
+            CaptureSpan(
+                first,
+                last,
+                next((b.kind for b in group if b.kind), None),
+                group[0].command,
+                group[0].heading or None,
+                "\n".join(lines[first - 1 : last]) + "\n",
+            )
         )
-        if starts_new:
-            span = CaptureSpan(first, last, kind, command, heading)
-            spans.append(span)
-        span.last = last
-        span.kind = span.kind or kind
-        span.gpus.add(gpu)
-    for span in spans:
-        span.lines = lines[span.first - 1 : span.last]
     return spans

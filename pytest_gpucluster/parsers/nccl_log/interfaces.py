@@ -22,7 +22,7 @@ _OTHER_IFACE = re.compile(r"NET/OFI GUID of (\S+):|SHARP rank \d+/\d+ initialize
 _IB_UNAVAILABLE = re.compile(
     r"NET/IB ?: No device found|Failed to open libibverbs|NCCL_IB_DISABLE set by environment to 1"
 )
-_WORTH_A_LOOK = ("Using", "OOB", "NET/", "SHARP rank", "ibverbs", "IB_DISABLE")
+_WORTH_A_LOOK = re.compile(r"Using|OOB|NET/|SHARP rank|ibverbs|IB_DISABLE")
 
 Item = tuple[str, object, str]  # (kind, value, note)
 
@@ -34,7 +34,7 @@ def interface_items(msg: str) -> Iterator[Item]:
     ((hca:port, "IB" | "RoCE")), and the flags ``ib_devices``, ``socket_init``, ``ib_unavailable``
     that let the reader tell a socket fallback from a socket choice.
     """
-    if not any(word in msg for word in _WORTH_A_LOOK):
+    if not _WORTH_A_LOOK.search(msg):
         return
     if m := _IB_DEVICES.search(msg):
         devices = _IB_DEVICE.findall(m.group(1))

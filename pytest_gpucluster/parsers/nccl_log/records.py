@@ -84,7 +84,8 @@ def _segments(line: str) -> list[str]:
 
 
 def _record(line_no: int, raw: str) -> Record:
-    line = _LEADING_TS.sub("", raw, count=1)
+    start = raw.lstrip()[:1]
+    line = _LEADING_TS.sub("", raw, count=1) if start.isdigit() or start in ("[", "|") else raw
     half = (len(line) - 3) // 2  # CloudWatch repeats the message: "msg | msg"
     if len(line) > 3 and line[half : half + 3] == " | " and line[:half] == line[half + 3 :]:
         line = line[:half]
