@@ -3,8 +3,9 @@
 Pure: texts, an :class:`~pytest_gpucluster.parsers.nccl_log.NcclLog` and a
 :class:`~pytest_gpucluster.profiles.schema.NcclSection` in, :class:`Finding` values out; no I/O, no
 pytest, no torch. ``acceptance/test_nccl.py`` reads the files (``--nccl-log`` or a launched probe's
-per-rank logs), calls :func:`read_logs`, then :func:`check_expectation` per expectation and
-:func:`check_agreement`, and asserts each finding through ``results.check``.
+per-rank logs), calls :func:`read_logs`, then :func:`check_expectation` per expectation,
+:func:`check_agreement` and :func:`check_errors` (the failures NCCL printed), and asserts each
+finding through ``results.check``.
 
 Every finding carries its evidence: the log line that contradicts (or confirms) the expectation,
 as ``file:line: text``, or the sentence saying which line was looked for and not found -- what an

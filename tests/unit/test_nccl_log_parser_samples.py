@@ -210,6 +210,8 @@ FACTS = [
 
 @pytest.mark.parametrize(("name", "expected"), FACTS)
 def test_recorded_log_states_these_facts(name: str, expected: dict[str, object]) -> None:
+    """GPU behaviour: each row is the node or job its file records (SOURCES.md; the id names it), and the
+    facts are what NCCL said there -- failures, plugin, network, GDR, transports, NVLS."""
     out = parse(name).to_json()
     assert {key: out[key] for key in expected} == expected
 
@@ -228,6 +230,7 @@ def test_gdr_1_on_the_ring_line_of_a_node_without_rdma_network_is_not_gdr() -> N
 
 
 def test_gdr_is_quoted_from_the_gdrdma_channel_line() -> None:
+    """GPU behaviour: two 8-GPU nodes whose IB channels use GPUDirect RDMA (``via NET/IB/0/GDRDMA``)."""
     log = parse("collnet_ignored_warn_gdrdma_p2p_read_nccl_tests133.log")
     assert log.gdr.evidence.line_no == 6
     assert log.gdr.evidence.text.endswith("[receive] via NET/IB/0/GDRDMA")
@@ -277,6 +280,8 @@ def test_zero_nvls_channels_is_nvls_not_used() -> None:
 
 
 def test_bracketed_timestamps_and_blank_lines_between_records() -> None:
+    """GPU behaviour: a Kubernetes training job's log collector prefixing every NCCL record of eight
+    GPU processes with ``[date time] ``."""
     log = parse("nvls_used_gdrdma_2node_bracket_ts_k8s.log")
     assert {r.host for r in log.per_rank} == {"t-20260428141043-cmz7n-worker-0"}
     # Device 6 only says "Connected all trees" in this excerpt: a source that states nothing is no rank.
@@ -319,6 +324,7 @@ def test_a_record_starting_mid_line_is_one_more_record_of_its_process() -> None:
 
 
 def test_a_cut_last_line_is_not_read() -> None:
+    """GPU behaviour: a RoCE node's log pasted up to a half line: the verbs failure before it is kept."""
     log = parse("ibv_create_cq_roce_2.7.8_nccl380.log")  # ends "spark01:2683" with no line end
     assert max(f.evidence.line_no for f in log.errors) == 13
 

@@ -75,7 +75,8 @@ def test_the_seed_file_whole_with_its_tables_and_prose():
 
 
 def test_a_gpu_index_that_repeats_starts_a_new_capture():
-    """Variant: two real readings pasted back to back with their prompt lines removed."""
+    """GPU behaviour: the 8x H800 box read twice (all GPUs, then GPU 0). Variant: the two real readings
+    pasted back to back with their prompt lines removed."""
     one = read("nvlink_gt_d_h800_8gpu.txt").splitlines()[1:]
     two = read("nvlink_gt_d_h800_gpu0.txt").splitlines()[1:]
     first, second = parse_nvlink_captures("\n".join([*one, *two]) + "\n")
@@ -84,6 +85,7 @@ def test_a_gpu_index_that_repeats_starts_a_new_capture():
 
 
 def test_text_without_any_link_line_still_says_what_was_looked_for():
+    """GPU behaviour: an L40S box (no NVLink) prints GPU lines and no link line: nothing to read."""
     with pytest.raises(ParseError, match=re.escape("no 'Link <n>: ...' line")):
         parse_nvlink_captures("GPU 0: NVIDIA L40S (UUID: GPU-0)\nsome prose\n")
 

@@ -52,7 +52,8 @@ def test_tabs_with_a_doubled_tab_then_a_p2p_matrix():
 
 
 def test_a_second_matrix_without_legend_between_does_not_overwrite_the_first():
-    """Variant: the same paste with the first legend and the Markdown between the two matrices deleted."""
+    """GPU behaviour: the 2x RTX 5090 box above. Variant: the same paste with the first legend and the
+    Markdown between the two matrices deleted, so the P2P matrix follows the topology at once."""
     lines = read("topo_2x5090_tabs_then_p2p_matrix_club3090.txt").splitlines()
     p2p = lines.index(" \tGPU0\tGPU1\t")
     topo = parse_topo_text("\n".join([*lines[:4], *lines[p2p:]]) + "\n")
@@ -116,8 +117,9 @@ def test_old_driver_padded_to_terminal_width_with_a_mellanox_column():
 )
 @pytest.mark.parametrize("at_blanks", [True, False], ids=["fold-s", "fold-hard"])
 def test_wrapped_capture_reads_as_the_unwrapped_one(name: str, width: int, at_blanks: bool):
-    """Variant: the capture passed through ``fold`` (``-s`` breaks at blanks; hard breaks cut values in
-    two), header included. Every cell and every affinity field is what the unwrapped capture gives."""
+    """GPU behaviour: DGX H100, 8x A100 with 17 NICs, 8x RTX 4090. Variant: each capture passed through
+    ``fold`` (``-s`` breaks at blanks; hard breaks cut values in two), header included. Every cell and
+    every affinity field is what the unwrapped capture gives."""
     whole = parse_topo_text(read(name))
     wrapped = parse_topo_text(fold(read(name), width, at_blanks=at_blanks))
     assert wrapped.gpus == whole.gpus and wrapped.nics == whole.nics
@@ -126,7 +128,8 @@ def test_wrapped_capture_reads_as_the_unwrapped_one(name: str, width: int, at_bl
 
 
 def test_tabs_turned_into_single_spaces():
-    """Variant: the tab-separated RTX 4090 capture with every tab replaced by one blank."""
+    """GPU behaviour: an 8x RTX 4090 box on two NUMA nodes. Variant: its tab-separated capture with
+    every tab replaced by one blank."""
     text = read("topo_rtx4090_8gpu_tabs.txt")
     assert "\t" in text
     whole, spaced = parse_topo_text(text), parse_topo_text(text.replace("\t", " "))
@@ -136,7 +139,8 @@ def test_tabs_turned_into_single_spaces():
 
 
 def test_legend_absent():
-    """Variant: the DGX H100 capture with everything from ``Legend:`` on deleted."""
+    """GPU behaviour: a DGX H100 (NV18, 13 NICs). Variant: its capture with everything from
+    ``Legend:`` on deleted."""
     lines = read("topo_dgx_h100_13nic.txt").splitlines()
     topo = parse_topo_text("\n".join(lines[: lines.index("Legend:")]) + "\n")
     assert topo.nic_names == {} and len(topo.nics) == 13
