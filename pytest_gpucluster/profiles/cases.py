@@ -80,7 +80,9 @@ def implied_mfu(
     return mfu, text
 
 
-def _check_throughput(out: Collector, base: KeyPath, case: SftCase, model: ProfileModel, peaks: Peaks) -> None:
+def _check_throughput(
+    out: Collector, base: KeyPath, case: SftCase, model: ProfileModel, peaks: Peaks
+) -> None:
     for field in ("min_samples_per_s", "min_tokens_per_s_per_gpu", "max_step_time"):
         value = getattr(case, field)
         if value is None:
@@ -121,7 +123,10 @@ def _check_throughput(out: Collector, base: KeyPath, case: SftCase, model: Profi
     if case.min_gpu_util is not None:
         out.checked += 1
         if case.min_gpu_util > 1.0:
-            out.error((*base, "min_gpu_util"), f"min_gpu_util {pct(case.min_gpu_util)} is above 100%, which cannot be measured")
+            out.error(
+                (*base, "min_gpu_util"),
+                f"min_gpu_util {pct(case.min_gpu_util)} is above 100%, which cannot be measured",
+            )
 
 
 def _run_sizes(case: SftCase, model: ProfileModel) -> list[tuple[int, int, str]]:
@@ -140,7 +145,10 @@ def _run_sizes(case: SftCase, model: ProfileModel) -> list[tuple[int, int, str]]
 def _check_memory(out: Collector, base: KeyPath, case: SftCase, model: ProfileModel, peaks: Peaks) -> None:
     if model.cluster.device != "cuda":
         if case.max_peak_memory is not None:
-            out.skip((*base, "max_peak_memory"), "a CPU profile's peak memory is resident memory, not device memory")
+            out.skip(
+                (*base, "max_peak_memory"),
+                "a CPU profile's peak memory is resident memory, not device memory",
+            )
         return
     memory = peaks.memory
     if memory is None:

@@ -169,7 +169,9 @@ def choose_profile(machine: MachineInfo, gpu_models: Iterable[tuple[str, str | N
         return name, f"auto: GPU {device!r} is {_part(device)}, the part {name} names (gpu_model {model!r})"
     if matches:
         names = ", ".join(name for name, _ in matches)
-        raise ProfileError(f"--hw=auto: GPU {device!r} ({_part(device)}) matches several profiles ({names}); pass --hw=<name>.")
+        raise ProfileError(
+            f"--hw=auto: GPU {device!r} ({_part(device)}) matches several profiles ({names}); pass --hw=<name>."
+        )
     known = ", ".join(f"{name} ({model})" for name, model in pairs)
     raise ProfileError(
         f"--hw=auto: GPU {device!r} is {_part(device)}; no profile names that part exactly. Profiles and "

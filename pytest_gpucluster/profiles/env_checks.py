@@ -80,7 +80,9 @@ def _check_algo(out: Collector, model: ProfileModel) -> None:
         if problem:
             out.error(key, f"{where} NCCL_ALGO={env['NCCL_ALGO']!r}: NCCL refuses it: {problem}")
             continue
-        if uses_per_function_syntax(env) and (min_version is None or min_version < PER_FUNCTION_SYNTAX_VERSION):
+        if uses_per_function_syntax(env) and (
+            min_version is None or min_version < PER_FUNCTION_SYNTAX_VERSION
+        ):
             need = ".".join(map(str, PER_FUNCTION_SYNTAX_VERSION))
             have = model.nccl.min_version if model.nccl and model.nccl.min_version else "unset"
             out.error(
@@ -101,7 +103,9 @@ def _check_algo(out: Collector, model: ProfileModel) -> None:
             continue
         reported.add(where)
         key = ("collectives", "scope_env", scope, "NCCL_ALGO") if scoped else ("nccl_env", "NCCL_ALGO")
-        jobs = f"the {scope} sweep job" if scoped else "every job (collectives sweeps and ZeRO training alike)"
+        jobs = (
+            f"the {scope} sweep job" if scoped else "every job (collectives sweeps and ZeRO training alike)"
+        )
         out.error(
             key,
             f"{where} NCCL_ALGO={env['NCCL_ALGO']!r} leaves {', '.join(starved)} no algorithm in {jobs}: "

@@ -137,13 +137,11 @@ def _states(
     gpu = {n: v for n, v in parts.items() if n not in on_host}
     per_param = sum(gpu.values())
     dtype = "fp32" if precision == "fp32" else "16-bit"
-    recipe = (
-        f"{weight} B {dtype} weights + {grad} B gradients + {optim} B Adam states"
-        + ("" if precision == "fp32" else " (fp32 master, momentum, variance)")
+    recipe = f"{weight} B {dtype} weights + {grad} B gradients + {optim} B Adam states" + (
+        "" if precision == "fp32" else " (fp32 master, momentum, variance)"
     )
-    scope = (
-        f"ZeRO-{zero_stage} over {ranks} rank{'s' if ranks != 1 else ''}"
-        + (" partitions nothing" if ranks == 1 or zero_stage == 0 else f" partitions {', '.join(partitioned)}")
+    scope = f"ZeRO-{zero_stage} over {ranks} rank{'s' if ranks != 1 else ''}" + (
+        " partitions nothing" if ranks == 1 or zero_stage == 0 else f" partitions {', '.join(partitioned)}"
     )
     kept = " + ".join(f"{sig(v, 3)} B {n}" for n, v in gpu.items()) or "0 B"
     moved = f"; offload {offload} moves {', '.join(on_host)} to host memory" if on_host else ""

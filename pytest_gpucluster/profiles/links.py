@@ -260,9 +260,7 @@ def _beyond_ring(
     value = check.min_busbw or 0.0
     possible = [a for a in _BEYOND_RING[nodes] if peaks.nvls or not a.startswith("NVLS")]
     beyond = [a for a in possible if a in allowed]
-    head = (
-        f"min_busbw {gbs(value)} (all_reduce, {check.scope}) is above what Ring reaches, {ring.arithmetic}"
-    )
+    head = f"min_busbw {gbs(value)} (all_reduce, {check.scope}) is above what Ring reaches, {ring.arithmetic}"
     key = (*base, "min_busbw")
     if not beyond:
         out.error(

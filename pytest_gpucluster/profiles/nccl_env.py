@@ -27,11 +27,12 @@ __all__ = [
     "ALGORITHM_FUNCTIONS",
     "PER_FUNCTION_SYNTAX_VERSION",
     "NicSelection",
-    "allowed_algorithms",
     "algo_syntax_problem",
+    "allowed_algorithms",
     "nic_selection",
     "prefix_entries",
     "scope_env",
+    "uses_per_function_syntax",
 ]
 
 ALGORITHM_FUNCTIONS: dict[str, frozenset[str]] = {
@@ -87,7 +88,9 @@ def _parse_algo(value: str) -> dict[str, frozenset[str]]:
         if prefix:
             function = _FUNCTION_NAMES.get(prefix.strip().lower())
             if function is None:
-                raise ValueError(f"unknown function {prefix.strip()!r} (NCCL knows {', '.join(_FUNCTION_NAMES)})")
+                raise ValueError(
+                    f"unknown function {prefix.strip()!r} (NCCL knows {', '.join(_FUNCTION_NAMES)})"
+                )
             enabled[function] = chosen
         else:
             enabled = dict.fromkeys(enabled, chosen)

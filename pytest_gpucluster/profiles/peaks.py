@@ -93,7 +93,10 @@ def peaks_for(model: ProfileModel, devices: tuple[Device, ...] | None = None) ->
     elif device and device.nvlink_bandwidth:
         intra = Figure(device.nvlink_bandwidth, f"NVLink per direction, {dev_src}")
     elif device:
-        intra, is_nvlink = Figure(device.pcie_bandwidth, f"PCIe x16 per direction (no NVLink), {dev_src}"), False
+        intra, is_nvlink = (
+            Figure(device.pcie_bandwidth, f"PCIe x16 per direction (no NVLink), {dev_src}"),
+            False,
+        )
 
     nvls = bool(device and device.nvls) and not (model.nccl is not None and model.nccl.nvls is False)
     if model.nccl_env.get("NCCL_NVLS_ENABLE") == "0":

@@ -101,7 +101,9 @@ def _check_burnin(out: Collector, model: ProfileModel, peaks: Peaks) -> None:
                 "no GPU measures more than its peak",
             )
     if burnin.pair_min_busbw is not None:
-        check_busbw(out, ("burnin", "pair_min_busbw"), burnin.pair_min_busbw, "all_reduce", "inter-node", model, peaks)
+        check_busbw(
+            out, ("burnin", "pair_min_busbw"), burnin.pair_min_busbw, "all_reduce", "inter-node", model, peaks
+        )
 
 
 def check_profile(model: ProfileModel, devices: tuple[Device, ...] | None = None) -> PhysicsReport:

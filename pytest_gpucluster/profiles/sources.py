@@ -208,6 +208,8 @@ def unsourced_thresholds(chain: tuple[Path, ...]) -> tuple[Unsourced, ...]:
             if _overridden(entry.path, children) or _sourced(entry, text):
                 continue
             line = entry.key_node.start_mark.line
-            found.append(Unsourced(path, line + 1, entry.path, f"{entry.key_node.value}: {entry.value_node.value}"))
+            found.append(
+                Unsourced(path, line + 1, entry.path, f"{entry.key_node.value}: {entry.value_node.value}")
+            )
         children.append(yaml.safe_load(raw))
     return tuple(found)

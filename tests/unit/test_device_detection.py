@@ -99,7 +99,11 @@ def test_a_device_table_where_two_parts_share_a_name_is_refused(tmp_path):
     entry = "{{key: {key}, part: P, names: [{name}], peak_flops: 1TFLOP/s, memory: 1GiB, memory_bandwidth: 1GB/s, pcie_bandwidth: 1GB/s, source: s}}"
     bad = tmp_path / "devices.yaml"
     bad.write_text(
-        "devices:\n  - " + entry.format(key="a", name="X 1") + "\n  - " + entry.format(key="b", name="x-1") + "\n"
+        "devices:\n  - "
+        + entry.format(key="a", name="X 1")
+        + "\n  - "
+        + entry.format(key="b", name="x-1")
+        + "\n"
     )
     with pytest.raises(ProfileError, match="'x-1' belongs to both a and b"):
         load_devices(bad)

@@ -71,13 +71,18 @@ def test_1_zero2_on_one_gpu_cannot_hold_adam_for_7b(capsys, tmp_path):
 
 
 def test_1_the_same_case_with_optimizer_offload_fits(capsys, tmp_path):
-    text = node(gpu_model="A800-SXM4-80GB", extra=LLAMA_7B_ONE_GPU.format(offload="\n      offload: optimizer"))
+    text = node(
+        gpu_model="A800-SXM4-80GB", extra=LLAMA_7B_ONE_GPU.format(offload="\n      offload: optimizer")
+    )
     code, out = check(capsys, tmp_path, text)
     assert code == 0, out
 
 
 def test_1_zero2_partitions_over_ranks_so_8_gpus_fit_without_offload(capsys, tmp_path):
-    text = node(gpu_model="A800-SXM4-80GB", extra=LLAMA_7B_ONE_GPU.format(offload="").replace("ranks_per_node: 1", "ranks_per_node: 8"))
+    text = node(
+        gpu_model="A800-SXM4-80GB",
+        extra=LLAMA_7B_ONE_GPU.format(offload="").replace("ranks_per_node: 1", "ranks_per_node: 8"),
+    )
     assert check(capsys, tmp_path, text)[0] == 0
 
 
@@ -150,7 +155,11 @@ def test_2_a_timeout_above_the_estimate_passes(capsys, tmp_path):
 
 
 def test_2_scaling_repeats_the_job_and_says_so(capsys, tmp_path):
-    case = LLAMA_70B.format(timeout="").replace("nodes: 4", "nodes: 2").replace("grad_accum: 44", "grad_accum: 8")
+    case = (
+        LLAMA_70B.format(timeout="")
+        .replace("nodes: 4", "nodes: 2")
+        .replace("grad_accum: 44", "grad_accum: 8")
+    )
     scaling = "scaling:\n  case: llama2-70b\n  source: s\n  steps:\n    - {from_nodes: 2, to_nodes: 4, min_efficiency: 90%}\n"
     code, out = check(capsys, tmp_path, node(nodes=4, gpu_model="H800", extra=case + scaling))
     assert code == 2 and "it runs 2 times (scaling), each under the same timeout" in one_line(out)
@@ -177,7 +186,9 @@ def test_3_ring_tree_everywhere_cannot_meet_an_nvls_floor(capsys, tmp_path):
 
 
 def test_3_without_algo_the_message_gives_the_ring_arithmetic(capsys, tmp_path):
-    text = node(gpu_model="H200", extra="nccl_env:\n  NCCL_ALGO: Ring,Tree\n" + NVLS_FLOOR.replace(", algo: NVLS", ""))
+    text = node(
+        gpu_model="H200", extra="nccl_env:\n  NCCL_ALGO: Ring,Tree\n" + NVLS_FLOOR.replace(", algo: NVLS", "")
+    )
     code, out = check(capsys, tmp_path, text)
     out = one_line(out)
     assert code == 2 and "key 'collectives.checks[0].min_busbw'" in out
@@ -187,12 +198,20 @@ def test_3_without_algo_the_message_gives_the_ring_arithmetic(capsys, tmp_path):
 
 
 def test_3_the_same_algorithm_scoped_to_inter_node_jobs_passes(capsys, tmp_path):
-    text = node(gpu_model="H200", extra=NVLS_FLOOR.replace("collectives:\n", "collectives:\n  scope_env:\n    inter-node: {NCCL_ALGO: 'Ring,Tree'}\n"))
+    text = node(
+        gpu_model="H200",
+        extra=NVLS_FLOOR.replace(
+            "collectives:\n", "collectives:\n  scope_env:\n    inter-node: {NCCL_ALGO: 'Ring,Tree'}\n"
+        ),
+    )
     assert check(capsys, tmp_path, text)[0] == 0
 
 
 def test_3_a_ring_derived_floor_passes_under_ring_tree(capsys, tmp_path):
-    text = node(gpu_model="H200", extra="nccl_env:\n  NCCL_ALGO: Ring,Tree\n" + NVLS_FLOOR.replace("431GB/s, algo: NVLS", "350GB/s"))
+    text = node(
+        gpu_model="H200",
+        extra="nccl_env:\n  NCCL_ALGO: Ring,Tree\n" + NVLS_FLOOR.replace("431GB/s, algo: NVLS", "350GB/s"),
+    )
     assert check(capsys, tmp_path, text)[0] == 0
 
 
@@ -293,7 +312,9 @@ def test_5_an_exact_nic_list_is_the_nics_nccl_uses(capsys, tmp_path):
     text = inter_node("920Gbps").replace("cluster:", "nccl_env:\n  NCCL_IB_HCA: '=mlx5_0,mlx5_1'\ncluster:")
     code, out = check(capsys, tmp_path, text)
     assert code == 2
-    assert "2 NICs x 400 Gb/s (NCCL_IB_HCA='=mlx5_0,mlx5_1' selects 2 of cluster.nics_per_node 8" in one_line(out)
+    assert "2 NICs x 400 Gb/s (NCCL_IB_HCA='=mlx5_0,mlx5_1' selects 2 of cluster.nics_per_node 8" in one_line(
+        out
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -324,7 +345,9 @@ def test_6_utilisation_with_a_throughput_floor_passes(capsys, tmp_path):
 
 
 def test_6_a_case_with_no_gate_at_all_is_flagged(capsys, tmp_path):
-    text = node(extra=UTIL_ONLY.format(extra="").replace("      min_gpu_util: 90%\n", "      max_peak_memory: 70GB\n"))
+    text = node(
+        extra=UTIL_ONLY.format(extra="").replace("      min_gpu_util: 90%\n", "      max_peak_memory: 70GB\n")
+    )
     code, out = check(capsys, tmp_path, text)
     assert code == 1 and "key 'sft.cases[0]'" in out and "gates no throughput" in out
 
@@ -348,7 +371,10 @@ def test_7_strict_fails_on_a_number_without_a_source(capsys, tmp_path):
     assert check(capsys, tmp_path, text)[0] == 0  # without --strict: fine
     code, out = check(capsys, tmp_path, text, "--strict")
     assert code == 1
-    assert "unsourced: " in out and "t.yaml, line 11, key 'nvlink.min_speedup': min_speedup: 3.0 has no source" in out
+    assert (
+        "unsourced: " in out
+        and "t.yaml, line 11, key 'nvlink.min_speedup': min_speedup: 3.0 has no source" in out
+    )
 
 
 def test_7_strict_passes_when_every_number_says_where_it_comes_from(capsys, tmp_path):
@@ -372,7 +398,9 @@ def test_8_a_family_is_not_a_part(capsys, tmp_path):
     code, out = check(capsys, tmp_path, node(gpu_model="H100"))
     out = one_line(out)
     assert code == 1 and "key 'cluster.gpu_model'" in out
-    assert "names a family, not a part (h100-sxm (H100 SXM5), h100-pcie (H100 PCIe), h100-nvl (H100 NVL))" in out
+    assert (
+        "names a family, not a part (h100-sxm (H100 SXM5), h100-pcie (H100 PCIe), h100-nvl (H100 NVL))" in out
+    )
     assert "--hw=auto never selects this profile" in out
 
 
