@@ -52,6 +52,26 @@ PARSERS: dict[str, ParserEntry] = {
         "to_json",
         "nvidia-smi nvlink -s / -gt d / -gt r",
     ),
+    "ib-ports": ParserEntry(
+        "pytest_gpucluster.parsers.ib_tools",
+        "parse_fabric",
+        "to_json",
+        "InfiniBand/RoCE ports: ibstat, ibstatus, ibv_devinfo -v, perfquery, sysfs dumps, fabric_probe JSON",
+        True,
+    ),
+    "dcgm-diag": ParserEntry(
+        "pytest_gpucluster.parsers.dcgm_diag",
+        "parse_dcgm_diag",
+        "to_json",
+        "dcgmi diag -r <level> -j (DCGM 2.x/3.x/4.x) or its plain-text table",
+        True,
+    ),
+    "ecc": ParserEntry(
+        "pytest_gpucluster.parsers.nvidia_smi_ecc",
+        "parse_ecc",
+        "to_json",
+        "nvidia-smi -q -d ECC, or --query-gpu=ecc.mode.current,ecc.mode.pending CSV",
+    ),
     "train-log": ParserEntry(
         "pytest_gpucluster.parsers.train_log",
         "parse_train_log",

@@ -6,11 +6,14 @@ what was expected. Nothing here imports pytest or torch.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "GpuClusterError",
     "GpuClusterWarning",
     "HostfileError",
     "JobFailed",
+    "JobSkipped",
     "LaunchError",
     "ParseError",
     "ProfileError",
@@ -43,7 +46,23 @@ class LaunchError(GpuClusterError):
 
 
 class JobFailed(GpuClusterError):
-    """A job started but at least one rank failed, hung or never reported."""
+    """A job started but at least one rank failed, hung or never reported.
+
+    ``result`` is the job's `JobResult` (every rank's outcome, logs) when the failure came from a
+    finished job, for callers that want more than the report in the message.
+    """
+
+    def __init__(self, message: str, *, result: Any = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+class JobSkipped(GpuClusterError):
+    """Every rank that reported was fine, and at least one skipped (e.g. no NVML there).
+
+    The plugin turns it into a pytest skip wherever a test or fixture raises it, so a job that
+    cannot run here skips its test with the ranks' reason instead of failing it.
+    """
 
 
 class GpuClusterWarning(UserWarning):

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from pytest_gpucluster import fixtures as _fixtures
-from pytest_gpucluster.errors import GpuClusterError, JobFailed, LaunchError
+from pytest_gpucluster.errors import GpuClusterError, JobFailed, JobSkipped, LaunchError
 from pytest_gpucluster.options import add_options, resolve_settings
 from pytest_gpucluster.results.model import Measurement, TestOutcome
 from pytest_gpucluster.results.recorder import ThresholdFailure
@@ -67,6 +67,7 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"gpucluster: --baseline: {exc}") from None
     session.progress = _terminal_writer(config)
     config.pluginmanager.register(_ResultsHooks(session), "gpucluster-results")
+    config.pluginmanager.register(_JobSkipsSkipTheTest(), "gpucluster-job-skips")
     config.pluginmanager.register(_fixtures, "gpucluster-fixtures")
     from pytest_gpucluster import rank_tests
 
@@ -139,6 +140,28 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     missing = _marker_requirements(item, session)
     if missing:
         pytest.skip("; ".join(missing))
+
+
+class _JobSkipsSkipTheTest:
+    """A job whose ranks skipped (no CUDA there, no NVML...) skips the test, whether a fixture or the
+    test body launched it, with the ranks' reason: `Cluster.run` raises `JobSkipped`, and this is the
+    one place that turns it into a pytest skip."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, None, None]:
+        return (yield from _skip_on_job_skipped())
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
+        return (yield from _skip_on_job_skipped())
+
+
+def _skip_on_job_skipped() -> Generator[None, None, None]:
+    try:
+        return (yield)
+    except JobSkipped as exc:
+        # Reported at the test's location, not this hook's.
+        raise pytest.skip.Exception(str(exc), _use_item_location=True) from None
 
 
 @pytest.hookimpl(wrapper=True)

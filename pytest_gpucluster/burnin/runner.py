@@ -71,6 +71,7 @@ class ClusterPairRunner:
                 timeout=self.timeout_s,
                 options=self.options,
                 name=f"pair-r{round_number}-{a}-{b}",
+                check=False,  # a failed pair is a finding about that pair, not the end of the test
             )
         except GpuClusterError as exc:
             return PairResult(pair, None, error=f"could not launch: {exc}")
@@ -130,6 +131,7 @@ class LocalGroupRunner:
                 timeout=self.timeout_s,
                 options={**self.options, "pairs": ranked},
                 name=f"pair-groups-r{round_number}",
+                check=False,
             )
             if not job.ok:
                 error = _first_line(job.failure_report())

@@ -196,12 +196,19 @@ class Cluster:
         options: Mapping[str, Any] | None = None,
         name: str | None = None,
         init_process_group: bool = True,
+        check: bool = True,
     ) -> JobResult:
         """Run ``workload`` (``"pkg.mod:func"`` or a module-level function) on every rank.
 
-        Returns the `JobResult` whatever happened to the ranks (check ``.ok`` or call
-        ``.raise_on_failure()``); raises `LaunchError` only when nothing could be started.
+        With ``check=True`` (the default) a job that did not succeed on every rank raises:
+        `JobFailed` with the root-cause report (first failing rank and host, exception and
+        traceback tail, hung ranks with their stacks, log paths; ``.result`` holds the
+        `JobResult`), or `JobSkipped` when every rank that reported skipped or succeeded (the
+        plugin turns that into a pytest skip). A test that forgets to look at the result still
+        fails. ``check=False`` returns the `JobResult` whatever happened, for tests that study
+        failures. `LaunchError` means nothing could be started.
         """
+        __tracebackhide__ = True  # a failed job's report is the message, not the launcher's frames
         reason = self.launcher.available()
         if reason is not None:
             raise LaunchError(f"the {self.launcher.name} launcher cannot be used here: {reason}")
@@ -251,7 +258,7 @@ class Cluster:
         # share devices and ports); outside xdist the lock does nothing.
         with launch_lock(self.results_dir):
             outcome = run_commands(launch, commands, progress=self.progress, reap_commands=reapers)
-        return build_result(
+        result = build_result(
             job_id=job.job_id,
             job_dir=job.job_dir,
             world_size=job.world_size,
@@ -262,3 +269,4 @@ class Cluster:
             states=read_rank_states(job.job_dir),
             timeout_s=job.timeout_s,
         )
+        return result.raise_on_failure() if check else result

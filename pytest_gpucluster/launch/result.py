@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_gpucluster.errors import GpuClusterError, JobFailed
+from pytest_gpucluster.errors import JobFailed, JobSkipped
 from pytest_gpucluster.launch.base import LaunchCommand, is_local_host
 from pytest_gpucluster.launch.process import ProcessOutcome, tail_lines
 from pytest_gpucluster.workloads._runtime import rank_log_path
@@ -37,10 +37,6 @@ STOPPED = "stopped"
 """Still running when another rank's failure stopped the job: collateral, not the cause."""
 MISSING = "missing"
 """Never wrote its rank file: never started (its node or agent failed first)."""
-
-
-class JobSkipped(GpuClusterError):
-    """Every rank that reported was fine, and at least one skipped (e.g. no NVML there)."""
 
 
 @dataclass(frozen=True)
@@ -131,13 +127,12 @@ class JobResult:
         return [r.host for r in self.ranks]
 
     def raise_on_failure(self) -> JobResult:
+        __tracebackhide__ = True
         if self.ok:
             return self
         if self.skip_reason and not self.survivors:
             raise JobSkipped(f"job {self.job_id} {self.skip_reason}")
-        error = JobFailed(self.failure_report())
-        error.result = self  # type: ignore[attr-defined]
-        raise error
+        raise JobFailed(self.failure_report(), result=self)
 
     # ------------------------------------------------------------------ the report
 
@@ -152,6 +147,8 @@ class JobResult:
         missing = [r for r in failures if r.status == MISSING]
         stopped = [r for r in failures if r.status == STOPPED]
         head += f" ({len(causes) + len(missing)} of {len(self.ranks)} ranks failed)"
+        if causes:  # the first line alone (the summary shows only it) names the root cause
+            head += f"; first: {self._describe(causes[0])[0]}"
         lines = [head]
         for outcome in causes:
             lines += self._describe(outcome)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pytest_gpucluster.workloads._runtime import RankContext
+from pytest_gpucluster.workloads._runtime import RankContext, WorkloadSkip
 
 
 def noop(ctx: RankContext) -> dict[str, Any]:
@@ -38,3 +38,8 @@ def hang_on_rank(ctx: RankContext) -> dict[str, Any]:
         while True:
             time.sleep(1)
     return {"rank": ctx.rank}
+
+
+def skip_everywhere(ctx: RankContext) -> dict[str, Any]:
+    """Every rank skips, as a GPU workload does on a node without CUDA."""
+    raise WorkloadSkip(str(ctx.options.get("reason", "skipped on purpose")))

@@ -61,7 +61,7 @@ def test_values_come_back_per_rank(local_cluster):
 
 def test_a_raising_rank_fails_with_its_traceback_and_host(local_cluster):
     result = local_cluster.run(
-        "pytest_gpucluster.workloads.basic:fail_on_rank", options={"rank": 1}, timeout=90
+        "pytest_gpucluster.workloads.basic:fail_on_rank", options={"rank": 1}, timeout=90, check=False
     )
     assert not result.ok
     assert [r.status for r in result.ranks] == ["ok", "error"]
@@ -77,7 +77,7 @@ def test_a_raising_rank_fails_with_its_traceback_and_host(local_cluster):
 def test_a_hanging_rank_is_killed_with_its_stack_and_nothing_survives(local_cluster):
     timeout = 20.0
     start = time.monotonic()
-    result = local_cluster.run(basic.hang_on_rank, options={"rank": 1}, timeout=timeout)
+    result = local_cluster.run(basic.hang_on_rank, options={"rank": 1}, timeout=timeout, check=False)
     elapsed = time.monotonic() - start
     assert elapsed < timeout + 10, f"the hung job took {elapsed:.1f} s to be stopped"
     assert result.timed_out and not result.ok

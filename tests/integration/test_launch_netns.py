@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from pytest_gpucluster.cluster.spec import ClusterSpec
+from pytest_gpucluster.errors import JobFailed
 from pytest_gpucluster.launch import get_launcher
 from pytest_gpucluster.launch.job import Cluster
 from pytest_gpucluster.launch.process import find_job_pids
@@ -94,10 +95,13 @@ def test_an_unreachable_node_fails_fast_and_is_named(two_nodes, tmp_path):
         spec, get_launcher("torchrun"), tmp_path / "results", remote_exec="netns", failure_grace=2.0
     )
     start = time.monotonic()
-    result = cluster.run(basic.all_reduce_sum, timeout=120)
+    with pytest.raises(JobFailed) as failed:
+        cluster.run(basic.all_reduce_sum, timeout=120)
     assert time.monotonic() - start < 60
+    result = failed.value.result
     assert not result.ok
-    report = result.failure_report()
+    report = str(failed.value)
+    assert report == result.failure_report()
     # Nobody joined, so c10d never assigned node ranks: the dead agent is what names the node.
     assert "never started" in report
     assert f"the agent on {ghost} exited with code 255; the end of agent-{ghost}.log:" in report
