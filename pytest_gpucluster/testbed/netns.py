@@ -41,6 +41,7 @@ from pathlib import Path
 from pytest_gpucluster.launch.base import REMOTE_PRESETS, RemoteExec
 
 __all__ = [
+    "INTERFACE",
     "LinkCounters",
     "NetnsNode",
     "NetnsTestbed",
@@ -100,12 +101,14 @@ def parse_rate(rate: str | int) -> int:
     return value
 
 
-def tbf_args(rate: str | int) -> list[str]:
-    """``tbf rate R burst B latency L``: a 5 ms bucket (at least 32 KiB, so a full-size frame
-    always fits), and at most 100 ms of queue."""
+def tbf_args(rate: str | int, *, burst: int | None = None, limit: int | None = None) -> list[str]:
+    """``tbf rate R burst B latency 100ms``. By default a 5 ms bucket (at least 32 KiB, so a
+    full-size frame always fits) and at most 100 ms of queue; ``burst``/``limit`` (bytes) set
+    the bucket and the queue instead, e.g. a tiny queue that overflows on purpose."""
     bits = parse_rate(rate)
-    burst = max(bits // 8 // 200, 32 * 1024)
-    return ["tbf", "rate", f"{bits}bit", "burst", str(burst), "latency", "100ms"]
+    bucket = max(bits // 8 // 200, 32 * 1024) if burst is None else burst
+    queue = ["latency", "100ms"] if limit is None else ["limit", str(limit)]
+    return ["tbf", "rate", f"{bits}bit", "burst", str(bucket), *queue]
 
 
 def default_tag() -> str:
@@ -189,9 +192,16 @@ class NetnsTestbed:
         """A DeepSpeed-style hostfile naming the nodes."""
         return "".join(f"{name} slots={slots}\n" for name in self.names)
 
-    def set_rate(self, node: str | NetnsNode, rate: str | int | None) -> None:
-        """Throttle ``node``'s link to ``rate`` in both directions (None: no limit). Works while
-        traffic flows: ``tc qdisc replace`` swaps the queue in place."""
+    def set_rate(
+        self,
+        node: str | NetnsNode,
+        rate: str | int | None,
+        *,
+        burst: int | None = None,
+        limit: int | None = None,
+    ) -> None:
+        """Throttle ``node``'s link to ``rate`` in both directions (None: no limit), with `tbf_args`'
+        ``burst`` and ``limit``. Works while traffic flows: ``tc qdisc replace`` swaps the queue."""
         target = self.node(node)
         ends = [(target.name, target.interface), (self.switch, target.switch_port)]
         for namespace, device in ends:
@@ -199,7 +209,8 @@ class NetnsTestbed:
                 if self.rates.get(target.name) is not None:
                     _run(["tc", "-n", namespace, "qdisc", "del", "dev", device, "root"])
             else:
-                _run(["tc", "-n", namespace, "qdisc", "replace", "dev", device, "root", *tbf_args(rate)])
+                shape = tbf_args(rate, burst=burst, limit=limit)
+                _run(["tc", "-n", namespace, "qdisc", "replace", "dev", device, "root", *shape])
         self.rates[target.name] = None if rate is None else parse_rate(rate)
 
     def counters(self, node: str | NetnsNode) -> LinkCounters:

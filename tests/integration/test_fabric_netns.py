@@ -1,7 +1,8 @@
 """A drop counter that grows for real between two network-namespace "nodes", read by the fabric probe.
 
-Two namespaces joined by a veth pair stand in for two nodes. Node A's end gets a deliberately tiny
-``tbf`` queue (``rate 1mbit burst 1kb limit 1kb``); UDP sent from A to B overflows it. The probe
+Two namespaces on a bridge stand in for two nodes (`pytest_gpucluster.testbed.netns`). Node A's link
+gets a deliberately tiny ``tbf`` queue (``rate 1mbit burst 1024 limit 1024``, both ways); UDP sent
+from A to B overflows it. The probe
 runs inside each namespace exactly as on a node (``ip netns exec NS python -m
 pytest_gpucluster.workloads.fabric_probe --qdisc``), before and after, and the diff must report the
 growth as an *error* naming the node (the namespace) and the interface.
@@ -10,14 +11,12 @@ On this project's VM (kernel 6.18) the drops are counted by the qdisc only; the 
 ``statistics/tx_dropped`` does not move (see ``workloads/fabric_probe.py``). The test prints both,
 so a kernel that behaves otherwise shows it.
 
-Names are unique per xdist worker and process; the namespaces are removed in a ``finally``.
+Names are unique per xdist worker and process; the testbed removes the namespaces afterwards.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -27,8 +26,9 @@ import pytest
 
 from pytest_gpucluster.parsers.fabric_diff import diff_snapshots
 from pytest_gpucluster.parsers.fabric_ports import FabricSnapshot, parse_snapshot
+from pytest_gpucluster.testbed.netns import INTERFACE, NetnsUnavailable, TestbedError, create_testbed
 
-IFACE = "fab0"
+IFACE = INTERFACE
 BLAST = """
 import socket, sys, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -51,50 +51,18 @@ def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess[st
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def _must(argv: list[str]) -> None:
-    done = _run(argv)
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"{' '.join(argv)} exited {done.returncode}: {(done.stderr or done.stdout).strip()}"
-        )
-
-
 @pytest.fixture
 def two_nodes() -> Iterator[TwoNodes]:
-    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
-    if missing:
-        pytest.skip(f"'{missing[0]}' is not installed, so namespace nodes with a tbf queue cannot be made")
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw")
-    index = int(worker[2:]) if worker[2:].isdigit() else 99
-    tag = f"fb{index}p{os.getpid() % 100000}"
-    a, b = f"{tag}a", f"{tag}b"
-    subnet = f"10.81.{100 + index % 100}"
-    made: list[str] = []
     try:
-        done = _run(["ip", "netns", "add", a])
-        if done.returncode != 0:
-            pytest.skip(
-                f"network namespaces cannot be created here ('ip netns add' failed: {done.stderr.strip()})"
-            )
-        made.append(a)
-        _must(["ip", "netns", "add", b])
-        made.append(b)
-        _must(["ip", "link", "add", f"{tag}x", "type", "veth", "peer", "name", f"{tag}y"])
-        _must(["ip", "link", "set", f"{tag}x", "netns", a])
-        _must(["ip", "link", "set", f"{tag}y", "netns", b])
-        for ns, end, host in ((a, f"{tag}x", 1), (b, f"{tag}y", 2)):
-            _must(["ip", "-n", ns, "link", "set", end, "name", IFACE])
-            _must(["ip", "-n", ns, "addr", "add", f"{subnet}.{host}/24", "dev", IFACE])
-            _must(["ip", "-n", ns, "link", "set", IFACE, "up"])
-            _must(["ip", "-n", ns, "link", "set", "lo", "up"])
-        tbf = ["tc", "-n", a, "qdisc", "add", "dev", IFACE, "root", "tbf", "rate", "1mbit", "burst", "1kb"]
-        done = _run([*tbf, "limit", "1kb"])
-        if done.returncode != 0:
-            pytest.skip(f"tc refused the tbf qdisc ({done.stderr.strip()}), so no queue drops can be made")
-        yield TwoNodes(a, b, f"{subnet}.2")
-    finally:
-        for ns in made:  # deleting a namespace also removes its end of the veth pair
-            _run(["ip", "netns", "del", ns])
+        bed = create_testbed(2)
+    except NetnsUnavailable as exc:
+        pytest.skip(str(exc))
+    with bed:
+        try:  # node A's link: a tiny queue that UDP from A overflows
+            bed.set_rate(bed.nodes[0], "1mbit", burst=1024, limit=1024)
+        except TestbedError as exc:
+            pytest.skip(f"tc refused the tbf qdisc ({exc}), so no queue drops can be made")
+        yield TwoNodes(bed.names[0], bed.names[1], bed.nodes[1].address)
 
 
 def probe(ns: str) -> FabricSnapshot:

@@ -25,6 +25,16 @@ def test_a_rate_that_is_not_bits_per_second_is_refused(text):
 def test_tbf_keeps_a_full_frame_in_the_bucket_and_5_ms_at_high_rates():
     assert tbf_args("20mbit") == ["tbf", "rate", "20000000bit", "burst", "32768", "latency", "100ms"]
     assert tbf_args("10gbit")[4] == str(10**10 // 8 // 200)
+    # A queue made to overflow: the bucket and the queue given in bytes.
+    assert tbf_args("1mbit", burst=1024, limit=1024) == [
+        "tbf",
+        "rate",
+        "1000000bit",
+        "burst",
+        "1024",
+        "limit",
+        "1024",
+    ]
 
 
 def test_tags_are_unique_and_name_the_worker_and_process(monkeypatch):
