@@ -193,7 +193,8 @@ class GpuClusterSession:
         from pytest_gpucluster.launch.base import RemoteExec
         from pytest_gpucluster.launch.leftover_check import check_leftovers
 
-        hosts = [(e.host, e.user) for e in self.hostfile.entries] if self.hostfile is not None else []
+        hostfile = None if self.cluster_error() else self.hostfile  # a bad one fails the tests that use it
+        hosts = [(e.host, e.user) for e in hostfile.entries] if hostfile is not None else []
         remote = self.settings["gpucluster_remote_exec"]
         self.leftovers = check_leftovers(
             hosts, RemoteExec.parse(remote) if remote else None, sys.executable, self.session_tag, kill=kill
