@@ -30,6 +30,7 @@ from pytest_gpucluster.nccl_checks import (
     Finding,
     LogSet,
     check_agreement,
+    check_errors,
     check_expectation,
     expectations_of,
     read_logs,
@@ -177,4 +178,20 @@ def test_ranks_agree(nccl_run: NcclRun, results) -> None:
         comparison="==",
         labels={"ranks": ranks, "differ_on": ", ".join(f.expectation for f in findings) or "nothing"},
         context=" ".join(f"{f.message}." for f in findings) + f" (logs from {nccl_run.origin})",
+    )
+
+
+def test_nccl_reported_no_errors(nccl_run: NcclRun, results) -> None:
+    """NCCL printed no failure. A failing WARN (verbs call, closed connection, network not found, proxy or
+    socket failure, timeout) or a failed-call line fails, quoting the line; benign WARNs do not
+    (the rule: ``pytest_gpucluster.parsers.nccl_log.severity``)."""
+    finding = check_errors(nccl_run.logs)
+    results.check(
+        "nccl.errors",
+        float(len(nccl_run.logs.log.errors)),
+        0.0,
+        unit="lines",
+        comparison="<=",
+        labels={"found": finding.found or "none"},
+        context=f"{finding.message} (logs from {nccl_run.origin})",
     )

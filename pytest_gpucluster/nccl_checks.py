@@ -3,8 +3,9 @@
 Pure: texts, an :class:`~pytest_gpucluster.parsers.nccl_log.NcclLog` and a
 :class:`~pytest_gpucluster.profiles.schema.NcclSection` in, :class:`Finding` values out; no I/O, no
 pytest, no torch. ``acceptance/test_nccl.py`` reads the files (``--nccl-log`` or a launched probe's
-per-rank logs), calls :func:`read_logs`, then :func:`check_expectation` per expectation and
-:func:`check_agreement`, and asserts each finding through ``results.check``.
+per-rank logs), calls :func:`read_logs`, then :func:`check_expectation` per expectation,
+:func:`check_agreement` and :func:`check_errors` (the failures NCCL printed), and asserts each
+finding through ``results.check``.
 
 Every finding carries its evidence: the log line that contradicts (or confirms) the expectation,
 as ``file:line: text``, or the sentence saying which line was looked for and not found -- what an
@@ -25,6 +26,7 @@ from pytest_gpucluster.parsers.nccl_log import (
     NcclLog,
     RankFacts,
     disagreements,
+    failure_kind,
     parse_nccl_log,
 )
 from pytest_gpucluster.profiles.schema import NcclSection
@@ -34,6 +36,7 @@ __all__ = [
     "Finding",
     "LogSet",
     "check_agreement",
+    "check_errors",
     "check_expectation",
     "check_profile",
     "expectations_of",
@@ -85,6 +88,11 @@ _NEXT = {
         "FI_EFA_USE_DEVICE_RDMA=1"
     ),
     "nvls": "NVLS needs NVSwitch systems with the fabric manager running, NCCL >= 2.17 and NCCL_NVLS_ENABLE",
+    "errors": (
+        "read the quoted lines: a failed verbs call or completion error points at the HCA, cable or switch "
+        "(ibstat, ibv_devinfo, the switch port counters); a closed connection or socket failure at the peer "
+        "that failed first; 'network ... not found' at NCCL_NET, NCCL_NET_PLUGIN and the plugin library path"
+    ),
     "agreement": (
         "every node must run the same NCCL, plugin and network: compare the odd node's image, "
         "LD_LIBRARY_PATH and NCCL_* environment with the others"
@@ -343,8 +351,7 @@ def _check_flag(fact: Fact | None, expected: bool, name: str, quote: Quote) -> F
 
 
 def _plugin_text(fact: Fact) -> str:
-    plugin = fact.value
-    return f"{plugin.name} {plugin.version}" if plugin.version else plugin.name
+    return fact.value.label  # "aws-ofi-nccl 1.16.2 (Libfabric)": project and version, NCCL's name
 
 
 def _check_plugin(log: NcclLog, section: NcclSection, quote: Quote) -> list[Finding]:
@@ -385,7 +392,7 @@ def _check_plugin(log: NcclLog, section: NcclSection, quote: Quote) -> list[Find
             ]
         return [_missing("net_plugin", want.name)]
     plugin = fact.value
-    ok = plugin.name.casefold() == want.name.casefold()
+    ok = plugin.matches(want.name)  # NCCL's name, the project or the library file
     found = [
         Finding("net_plugin", want.name, _plugin_text(fact), quote(fact.evidence), ok, _NEXT["net_plugin"])
     ]
@@ -426,3 +433,35 @@ def check_agreement(logs: LogSet) -> list[Finding]:
         expected = f"{' or '.join(names)} loaded on every rank ({len(loaded)} loaded it)"
         findings.append(Finding("agreement.net_plugin", expected, found, evidence, False, _NEXT["agreement"]))
     return findings
+
+
+# --- failures NCCL printed ----------------------------------------------------------------------------
+
+_MAX_QUOTED_ERRORS = 3
+
+
+def check_errors(logs: LogSet) -> Finding:
+    """NCCL printed no failure: each failing WARN or failed-call line is an error (rule: parsers.nccl_log.severity).
+
+    The finding quotes the first line of up to three distinct errors, ``file:line: text``, and names what
+    kind of failure each is; ``found`` counts them.
+    """
+    errors = logs.log.errors
+    if not errors:
+        return Finding(
+            "errors",
+            "no NCCL error",
+            "none",
+            "no NCCL WARN or error line reports a failure",
+            True,
+            quoted=False,
+        )
+    first: dict[str, Fact] = {}
+    for fact in errors:
+        first.setdefault(str(fact.value), fact)
+    shown = list(first.values())[:_MAX_QUOTED_ERRORS]
+    kinds = ", ".join(dict.fromkeys(failure_kind(str(f.value)) for f in shown))
+    more = f" (and {len(first) - len(shown)} more distinct)" if len(first) > len(shown) else ""
+    evidence = " | ".join(logs.quote(f.evidence) for f in shown) + more
+    found = f"{len(errors)} error line(s): {kinds}"
+    return Finding("errors", "no NCCL error", found, evidence, False, _NEXT["errors"])

@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 import pytest
 
 from pytest_gpucluster.errors import SettingsError
+from pytest_gpucluster.profiles.estimates import DEFAULT_JOB_TIMEOUT_S
 
 T = TypeVar("T")
 
@@ -189,7 +190,7 @@ OPTIONS: tuple[_Option, ...] = (
         "--job-timeout",
         "gpucluster_job_timeout",
         "seconds before a launched job is declared hung and killed (tests may ask for less)",
-        900.0,
+        DEFAULT_JOB_TIMEOUT_S,  # profiles check holds each sft case's estimated run time against it
         _positive_seconds,
         "SECONDS",
     ),
