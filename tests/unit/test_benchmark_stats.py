@@ -325,3 +325,59 @@ def test_the_nccl_tests_reference_reads_the_out_of_place_busbw(busbw: object, tm
     got = reference()
     assert got["all_reduce 4 MiB"] == 65.52  # the out-of-place column; in-place says 66.60
     assert got["all_reduce 8 MiB"] == 90.63
+
+
+# --- agreement between runs ---------------------------------------------------------------------
+
+agreement = importlib.import_module("agreement")
+
+
+def _printed(cis: dict[str, object]) -> str:
+    """What a benchmark prints for these intervals (through the printer, not by hand)."""
+    lines = ["some header", "round 1 (harness first): 1.000"]
+    for label, ci in cis.items():
+        lines += [f"{label}: harness 1 s, reference 1 s (medians)", ratio_stats.ratio_line(label, ci)]
+        lines.append(ratio_stats.ci_line(ci, 0.02))
+    return "\n".join(lines)
+
+
+def _ci(median: float, lo: float, hi: float) -> object:
+    return ratio_stats.MedianCI(median, lo, hi, 12, 0.95, 0.96)
+
+
+def test_agreement_reads_what_the_printer_writes() -> None:
+    text = _printed({"all_reduce 4 MiB busbw harness/ref": _ci(0.991, 0.975, 1.004)})
+    [reading] = agreement.read_ratios(text).values()
+    assert reading.label == "all_reduce 4 MiB busbw harness/ref"
+    assert (reading.ratio, reading.lo, reading.hi, reading.rounds) == (0.991, 0.975, 1.004, 12)
+
+
+def test_three_overlapping_close_runs_agree() -> None:
+    runs = [agreement.read_ratios(_printed({"x": _ci(m, m - 0.02, m + 0.02)})) for m in (0.99, 1.0, 1.01)]
+    [line] = agreement.agreement(runs)
+    assert line.endswith("ok")
+
+
+def test_disjoint_intervals_or_far_medians_disagree() -> None:
+    disjoint = [
+        agreement.read_ratios(_printed({"x": _ci(m, m - 0.005, m + 0.005)})) for m in (0.99, 1.0, 1.01)
+    ]
+    assert "do not all overlap" in agreement.agreement(disjoint)[0]
+    far = [agreement.read_ratios(_printed({"x": _ci(m, 0.8, 1.2)})) for m in (0.94, 1.0, 1.06)]
+    assert "not within +-3%" in agreement.agreement(far)[0]
+
+
+def test_a_ratio_missing_from_a_run_or_without_interval_disagrees() -> None:
+    whole = agreement.read_ratios(_printed({"x": _ci(1.0, 0.99, 1.01), "y": _ci(1.0, 0.99, 1.01)}))
+    partial = agreement.read_ratios(_printed({"x": _ci(1.0, 0.99, 1.01)}))
+    lines = agreement.agreement([whole, partial])
+    assert lines[0].endswith("ok")
+    assert "missing from run(s) [2]" in lines[1]
+    none_yet = agreement.read_ratios(_printed({"x": ratio_stats.median_ci([1.0, 1.0])}))
+    assert "no interval" in agreement.agreement([whole, none_yet])[0]
+
+
+def test_a_ratio_line_without_its_ci_line_is_named() -> None:
+    line = ratio_stats.ratio_line("x", _ci(1.0, 0.99, 1.01))
+    with pytest.raises(ValueError, match=r"run1\.txt, line 3: expected the CI line"):
+        agreement.read_ratios(f"header\n{line}\nsomething else", "run1.txt")
