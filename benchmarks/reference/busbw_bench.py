@@ -18,9 +18,13 @@ nccl-tests' ``doc/PERFORMANCE.md`` and ``src/*.cu``: out of place
 (``all_gather_into_tensor``, ``reduce_scatter_tensor``), factor (n-1)/n, the size being the
 whole gathered (scattered) buffer, its per-rank part rounded down to a multiple of 16 bytes.
 
-Rank 0 writes a JSON file: per collective and size the seed's busbw and, as a diagnostic, the
-busbw from the trials' mean duration (nccl-tests divides total time by trials; a mean of
-per-trial rates reads higher when the trials vary).
+Rank 0 writes a JSON file: per collective and size the seed's busbw and two diagnostics: the
+busbw from the trials' mean duration (a mean of per-trial rates reads higher when the trials
+vary), and with ``--span`` the busbw of as many collectives timed back to back as one span after
+one barrier — nccl-tests' way, which is what the harness does. On a 2-core VM the two timings
+differ by themselves: one isolated collective after a barrier runs faster than the same
+collective back to back (in one process on the same buffers, back-to-back/isolated was 0.81-0.94
+at 16 MiB, load ~1.2), so this diagnostic tells the definitions' gap from the harness's.
 
 It ends as the harness's worker does — process group destroyed, output flushed, ``os._exit`` —
 because the harness cannot end otherwise (a gloo thread racing Python's finalization aborts
@@ -57,6 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trials", type=int, default=5, help="timed trials per size (the seed's 5)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed trials first (the seed's 2)")
     parser.add_argument("--backend", default=None, help="gloo or nccl (default: nccl with CUDA)")
+    parser.add_argument(
+        "--span", action="store_true", help="also time the trials back to back (nccl-tests' way)"
+    )
     parser.add_argument("--out", type=Path, required=True, help="where rank 0 writes the results")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.collectives.split(",")) - set(FACTORS))
@@ -103,11 +110,24 @@ def buffers(collective: str, size: int, n: int, device: torch.device) -> tuple[A
     return (lambda: dist.reduce_scatter_tensor(small, big)), total
 
 
-def bench(collective: str, size: int, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+def span_algbw(op: Any, size_bytes: int, iters: int, timer: Timer, device: torch.device) -> float:
+    """nccl-tests' timing, for contrast (``--span``): a barrier, ``iters`` collectives back to
+    back timed as one span, divided by ``iters``, the time averaged over the ranks (its ``-a 1``)."""
+    dist.barrier()
+    per_op = timer.time(lambda: [op() for _ in range(iters)]) / iters
+    total = torch.tensor([per_op], device=device, dtype=torch.float64)
+    dist.all_reduce(total)
+    return size_bytes / (total.item() / dist.get_world_size())
+
+
+def bench(
+    collective: str, size: int, args: argparse.Namespace, device: torch.device, span_first: bool
+) -> dict[str, Any]:
     n = dist.get_world_size()
     op, size_bytes = buffers(collective, size, n, device)
     timer = Timer(device)
     durations: list[float] = []
+    span: float | None = None
 
     def timed() -> torch.Tensor:
         dist.barrier()
@@ -119,7 +139,11 @@ def bench(collective: str, size: int, args: argparse.Namespace, device: torch.de
 
     for _ in range(args.warmup):
         timed()
+    if args.span and span_first:
+        span = span_algbw(op, size_bytes, args.trials, timer, device)
     algbw = torch.mean(torch.stack([timed() for _ in range(args.trials)])).item()
+    if args.span and not span_first:
+        span = span_algbw(op, size_bytes, args.trials, timer, device)
     timed_durations = durations[args.warmup :]
     factor = FACTORS[collective](n)
     return {
@@ -127,6 +151,7 @@ def bench(collective: str, size: int, args: argparse.Namespace, device: torch.de
         "size_bytes": size_bytes,
         "busbw_gbs": algbw * factor / 1e9,
         "busbw_mean_time_gbs": size_bytes / (sum(timed_durations) / len(timed_durations)) * factor / 1e9,
+        "busbw_span_gbs": None if span is None else span * factor / 1e9,
         "trials": args.trials,
     }
 
@@ -140,11 +165,9 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.set_device(local_rank)  # the seed's init_processes
         device = torch.device("cuda", local_rank)
     dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
-    results = [
-        bench(collective, int(size), args, device)
-        for collective in args.collectives.split(",")
-        for size in args.sizes.split(",")
-    ]
+    points = [(c, int(size)) for c in args.collectives.split(",") for size in args.sizes.split(",")]
+    # With --span the two timings alternate which goes first, point by point.
+    results = [bench(c, size, args, device, span_first=i % 2 == 1) for i, (c, size) in enumerate(points)]
     if dist.get_rank() == 0:
         record = {"world_size": dist.get_world_size(), "backend": backend, "results": results}
         args.out.write_text(json.dumps(record, indent=1))
