@@ -130,9 +130,7 @@ class _PidWatch:
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.start = process_start_ticks(pid)
-        self.fd: int | None = None
-        with contextlib.suppress(AttributeError, OSError):
-            self.fd = os.pidfd_open(pid)  # readable once the process has exited
+        self.fd: int | None = _pidfd(pid)
 
     def gone(self, readable: bool) -> str | None:
         if self.start is None or readable or process_start_ticks(self.pid) != self.start:
@@ -231,6 +229,14 @@ def _leave_like(code: int) -> int:
     return 128 + sig
 
 
+def _pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when ``pid`` exits (Linux 5.3+), or None."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
 def run(args: GuardArgs) -> int:
     watch = _PidWatch(args.watch_pid) if args.watch_pid is not None else _StdinWatch()
     try:
@@ -250,10 +256,11 @@ def run(args: GuardArgs) -> int:
     signal.signal(signal.SIGTERM, pass_on)
     signal.signal(signal.SIGINT, pass_on)
     signal.signal(signal.SIGHUP, hung_up if args.watch_pid is None else pass_on)
+    agent_fd = _pidfd(agent.pid)  # wakes the wait below the moment the agent ends
     while True:
         fds = [watch.fd] if watch.fd is not None else []
-        readable, _, _ = select.select(fds, [], [], POLL_S)
-        why = watch.gone(bool(readable)) or (hangup[0] if hangup else None)
+        readable, _, _ = select.select([*fds, *([agent_fd] if agent_fd is not None else [])], [], [], POLL_S)
+        why = watch.gone(watch.fd in readable) or (hangup[0] if hangup else None)
         if why is not None:
             return _stop_orphaned_job(args, agent, why)
         code = agent.poll()
