@@ -29,6 +29,7 @@ from pytest_gpucluster.checks.nccl import (
     agreement_check,
     check_agreement,
     check_expectation,
+    error_check,
     expectations_of,
     finding_checks,
 )
@@ -128,3 +129,10 @@ def test_ranks_agree(nccl_run: NcclRun, results: Any) -> None:
     if ranks < 2:
         pytest.skip(f"the logs ({nccl_run.origin}) name {ranks} rank(s): nothing to compare")
     results.check_all([agreement_check(check_agreement(nccl_run.logs), ranks, nccl_run.origin)])
+
+
+def test_nccl_reported_no_errors(nccl_run: NcclRun, results: Any) -> None:
+    """NCCL printed no failure. A failing WARN (verbs call, closed connection, network not found, proxy or
+    socket failure, timeout) or a failed-call line fails, quoting the line; benign WARNs do not
+    (the rule: ``pytest_gpucluster.parsers.nccl_log.severity``)."""
+    results.check_all([error_check(nccl_run.logs, nccl_run.origin)])

@@ -1,245 +1,186 @@
 """What the harness costs a training step: its SFT workload against a plain DeepSpeed loop.
 
-    python benchmarks/sft_overhead.py [--model tiny] [--zero-stage 2] [--nproc 2] [--steps 30]
+Each round runs two separate jobs, one after the other, the order alternating every round:
 
-One torchrun launch; in the same processes, and alternating (A B, then B A, ... so that drift of a
-shared machine falls on both), every rank runs
+- the harness: the acceptance path — ``cluster.run`` of ``workloads.sft:train`` with the options
+  ``sft_cases.workload_options`` makes of a profile's SFT case (default: cpu-local's first case,
+  ``tiny-zero2``), ``--steps`` and ``--warmup`` replacing the case's step counts;
+- the reference, launched by plain torchrun as its own job: ``benchmarks/reference/sft_plain.py``,
+  a DeepSpeed + transformers loop that imports nothing from this package (its own tiny Llama
+  config, its own tokenization of the Alpaca file, its own DeepSpeed config) given the case's
+  ZeRO stage, precision, micro-batch, accumulation and sequence length.
 
-- A: ``pytest_gpucluster.workloads.sft.train`` — what ``cluster.run`` runs on a rank, and
-- B: a plain DeepSpeed training loop written here, independently: same model shape, data,
-  DeepSpeed settings, micro-batch, accumulation and sequence length; a timer, nothing else.
+Same work: both train a Llama of the same shape (the script stops if the parameter counts
+differ) on sequences padded to the same length, build their batches before the clock, start
+the timed steps together and time whole optimizer steps. Same end: both leave through
+``os._exit`` after destroying the engine and the process group and flushing — the harness's
+worker cannot end otherwise (ZeRO on gloo aborts at interpreter exit in about one run in six,
+FEASIBILITY.md section 7), so the reference ends the same way; the end lies outside the timed
+steps either way.
 
-It prints the median step time of each (pooled over rounds) and, last, ``ratio`` = A / B.
-The target is at most 1.05. On a 2-core machine shared with other work, single runs move by a
-few percent either way; use ``--rounds`` and ``--steps`` to tighten it.
+A job's figure is the acceptance gate's: the median step time of its slowest rank. The line
+ending in ``ratio`` is the median over rounds of the paired harness/reference step time, the
+next line its 95% CI (order statistics; ``ratio_stats``). Rounds go on until that CI is within
++-2%, ``--max-rounds``, or the ``--max-seconds`` budget. Target: at most 1.05.
+
+    python benchmarks/sft_overhead.py [--hw cpu-local] [--case tiny-zero2] [--steps 20] [--nproc 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from ratio_stats import MedianCI, median_ci, paired_ratios
+from rounds import RoundRecord, StopRule, report_lines, run_interleaved
+from sides import REFERENCE_DIR, REPO, local_cluster, run_plain_torchrun
+
+sys.path.insert(0, str(REPO))
+
+from pytest_gpucluster.plans.sft import SFT_WORKLOAD, workload_options
+from pytest_gpucluster.profiles.loader import load_profile
+
+REFERENCE = REFERENCE_DIR / "sft_plain.py"
+DATA = REPO / "pytest_gpucluster" / "workloads" / "data" / "alpaca_tiny.json"
+KEY = "step time"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny", help="a named shape (default tiny)")
-    parser.add_argument("--zero-stage", type=int, default=2)
-    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
-    parser.add_argument("--micro-batch", type=int, default=2)
-    parser.add_argument("--grad-accum", type=int, default=1)
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=30, help="timed steps per round and side")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=2, help="A/B rounds (order alternates)")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--nproc", type=int, default=2, help="ranks (one per GPU on a GPU machine)")
-    parser.add_argument("--backend", default=None, help="gloo or nccl (default: nccl when CUDA is there)")
-    parser.add_argument("--rank-side", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--hw", default="cpu-local", help="the profile whose SFT case to run")
+    parser.add_argument("--case", default=None, help="the case's name (default: the profile's first)")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per job (both sides)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per job first")
+    parser.add_argument(
+        "--nproc", type=int, default=None, help="ranks (default: the profile's ranks_per_node)"
+    )
+    parser.add_argument("--tolerance", type=float, default=0.02)
+    parser.add_argument("--min-rounds", type=int, default=6)
+    parser.add_argument("--max-rounds", type=int, default=30)
+    parser.add_argument("--max-seconds", type=float, default=170.0)
     return parser.parse_args(argv)
 
 
-# --------------------------------------------------------------------------------------------
-# B: the plain loop
-# --------------------------------------------------------------------------------------------
-
-
-def plain_deepspeed_loop(
-    args: argparse.Namespace, device: str, rank: int, world: int
-) -> tuple[list[float], float]:
-    """Build, initialize, train; time each step (wall, and the process's CPU time). Nothing else."""
-    import deepspeed
-    import torch
-    import transformers
-
-    from pytest_gpucluster.maths.shapes import get_shape
-    from pytest_gpucluster.workloads import sft_data
-    from pytest_gpucluster.workloads.sft_model import llama_config
-
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
-    torch.manual_seed(1234)
-    with torch.device(device):
-        model = transformers.LlamaForCausalLM._from_config(
-            llama_config(get_shape(args.model)), dtype=dtype, attn_implementation="sdpa"
-        )
-    config: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": args.micro_batch,
-        "gradient_accumulation_steps": args.grad_accum,
-        "train_batch_size": args.micro_batch * args.grad_accum * world,
-        "gradient_clipping": 1.0,
-        "steps_per_print": 10**9,
-        "optimizer": {
-            "type": "AdamW",
-            "params": {
-                "lr": args.lr,
-                "betas": [0.9, 0.95],
-                "eps": 1e-8,
-                "weight_decay": 0.0,
-                "torch_adam": True,
-            },
-        },
-        "zero_optimization": {"stage": args.zero_stage},
+def harness_options(args: argparse.Namespace) -> tuple[dict[str, Any], str, str, int]:
+    """(workload options, case name, backend, ranks) from the profile; SystemExit for a case the
+    reference cannot mirror."""
+    profile = load_profile(args.hw).model
+    cases = [c for c in profile.sft.cases if args.case in (None, c.name)]
+    if not cases:
+        names = ", ".join(c.name for c in profile.sft.cases) or "none"
+        raise SystemExit(f"profile {args.hw} has no SFT case {args.case!r}; its cases: {names}")
+    case = cases[0]
+    options = {**workload_options(case, profile.cluster), "steps": args.steps, "warmup_steps": args.warmup}
+    unmirrored = {
+        "model": options.get("model") != "tiny",
+        "offload": bool(options.get("offload")),
+        "gradient_checkpointing": bool(options.get("gradient_checkpointing")),
     }
-    if args.precision != "fp32":
-        config[args.precision] = {"enabled": True}
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-
-    tokenizer = sft_data.ByteTokenizer()
-    items = sft_data.tokenize_dataset(
-        sft_data.load_examples(sft_data.DEFAULT_DATASET), tokenizer, args.seq_len
-    )
-    batches = sft_data.batches_for_rank(
-        items, args.micro_batch, args.seq_len, tokenizer.pad_id, rank, world, 1234, count=10**6
-    )
-
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    times, cpu_times, i = [], [], 0
-    for step in range(args.warmup + args.steps):
-        sync()
-        start, start_cpu = time.perf_counter(), time.process_time()
-        for _ in range(args.grad_accum):
-            batch = {k: v.to(device) for k, v in batches[i % len(batches)].items()}
-            i += 1
-            loss = engine(**batch).loss
-            engine.backward(loss)
-            engine.step()
-        sync()
-        if step >= args.warmup:
-            times.append(time.perf_counter() - start)
-            cpu_times.append(time.process_time() - start_cpu)
-    engine.destroy()
-    return times, statistics.median(cpu_times)
-
-
-# --------------------------------------------------------------------------------------------
-# A: the harness's workload, and the rank-side driver
-# --------------------------------------------------------------------------------------------
-
-
-def harness_workload(args: argparse.Namespace, ctx: Any) -> tuple[list[float], float]:
-    from pytest_gpucluster.workloads import sft
-
-    options = {
-        "model": args.model,
-        "zero_stage": args.zero_stage,
-        "precision": args.precision,
-        "micro_batch": args.micro_batch,
-        "grad_accum": args.grad_accum,
-        "seq_len": args.seq_len,
-        "steps": args.steps,
-        "warmup_steps": args.warmup,
-        "lr": args.lr,
-    }
-    ctx = type(ctx)(**{**{f: getattr(ctx, f) for f in ctx.__dataclass_fields__}, "options": options})
-    result = sft.train(ctx)
-    return result["step_times_s"], result["step_process_cpu_median_s"]
-
-
-def rank_side(args: argparse.Namespace) -> None:
-    import gc
-
-    import torch
-    import torch.distributed as dist
-
-    from pytest_gpucluster.workloads._runtime import RankContext, RankIdentity
-
-    identity = RankIdentity.from_environ()
-    identity.export()
-    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    device = "cpu"
-    if backend == "nccl":
-        torch.cuda.set_device(identity.local_rank)
-        device = f"cuda:{identity.local_rank}"
-    dist.init_process_group(backend)
-    job_dir = Path(tempfile.mkdtemp(prefix=f"sft-overhead-{identity.rank}-"))
-    ctx = RankContext(
-        rank=identity.rank,
-        world_size=identity.world_size,
-        local_rank=identity.local_rank,
-        local_world_size=identity.local_world_size,
-        node_rank=identity.node_rank,
-        host=identity.host,
-        device=device,
-        backend=backend,
-        job_dir=job_dir,
-    )
-    pooled: dict[str, list[float]] = {"harness": [], "plain": [], "harness_cpu": [], "plain_cpu": []}
-    for round_ in range(args.rounds):
-        order = ("harness", "plain") if round_ % 2 == 0 else ("plain", "harness")
-        for side in order:
-            if side == "harness":
-                times, cpu = harness_workload(args, ctx)
-            else:
-                times, cpu = plain_deepspeed_loop(args, device, identity.rank, identity.world_size)
-            pooled[side] += times
-            pooled[f"{side}_cpu"].append(cpu)
-            gc.collect()
-            dist.barrier()
-            if identity.rank == 0:
-                median = statistics.median(times)
-                print(
-                    f"round {round_ + 1} {side:8s} median {median:.4f} s/step, CPU {cpu:.4f} s/step",
-                    flush=True,
-                )
-    if identity.rank == 0 and args.out:
-        args.out.write_text(json.dumps({**pooled, "device": device, "world_size": identity.world_size}))
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)  # skip interpreter finalization (see workloads/_worker.py: a gloo teardown race)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.rank_side:
-        rank_side(args)
-        return 0
-    with tempfile.TemporaryDirectory(prefix="sft-overhead-") as tmp:
-        out = Path(tmp) / "result.json"
-        forwarded = [a for a in (sys.argv[1:] if argv is None else argv)]
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={args.nproc}",
-        ]
-        cmd += [str(Path(__file__).resolve()), "--rank-side", "--out", str(out), *forwarded]
-        env = dict(
-            os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    if any(unmirrored.values()):
+        raise SystemExit(
+            f"case {case.name} of {args.hw} sets {', '.join(k for k, v in unmirrored.items() if v)}; the"
+            " reference trains its own tiny Llama without offload or checkpointing: pick a case that does too"
         )
-        env.setdefault("LOCAL_SIZE", str(args.nproc))
-        env.setdefault("OMP_NUM_THREADS", "1")  # both sides alike; torchrun sets it only for nproc > 1
-        started = time.monotonic()
-        proc = subprocess.run(cmd, env=env)
-        if proc.returncode != 0 or not out.exists():
-            print(f"the benchmark's ranks failed (exit code {proc.returncode}); see their output above")
-            return 1
-        result = json.loads(out.read_text())
-    harness, plain = statistics.median(result["harness"]), statistics.median(result["plain"])
+    nproc = args.nproc or case.ranks_per_node or profile.cluster.ranks_per_node or 2
+    return options, case.name, profile.cluster.backend, nproc
+
+
+class Harness:
+    def __init__(self, options: dict[str, Any], backend: str, nproc: int, results_dir: Path) -> None:
+        self.cluster = local_cluster(nproc, backend, results_dir)
+        self.options, self.nproc = options, nproc
+        self.params: set[int] = set()
+        self.cpu: list[float] = []
+        """Per job, the slowest rank's median process CPU seconds per step (a diagnostic)."""
+
+    def __call__(self) -> dict[str, float]:
+        job = self.cluster.run(SFT_WORKLOAD, timeout=600, options=self.options, name="sft-overhead")
+        values = list(job.values)
+        self.params.update(int(v["params"]) for v in values)
+        self.cpu.append(max(float(v["step_process_cpu_median_s"]) for v in values))
+        return {KEY: max(statistics.median(v["step_times_s"]) for v in values)}
+
+
+class Reference:
+    def __init__(self, options: dict[str, Any], backend: str, nproc: int, work_dir: Path) -> None:
+        self.out, self.nproc = work_dir / "reference.json", nproc
+        precision = options.get("precision", "auto")
+        if precision == "auto":
+            precision = "bf16" if backend == "nccl" else "fp32"
+        self.argv = [
+            "--data", str(Path(options.get("data_path") or DATA)), "--out", str(self.out),
+            "--zero-stage", str(options["zero_stage"]), "--precision", precision,
+            "--micro-batch", str(options["micro_batch"]), "--grad-accum", str(options["grad_accum"]),
+            "--seq-len", str(options["seq_len"]), "--steps", str(options["steps"]),
+            "--warmup", str(options["warmup_steps"]), "--backend", backend,
+        ]  # fmt: skip
+        self.params: set[int] = set()
+        self.cpu: list[float] = []
+
+    def __call__(self) -> dict[str, float]:
+        self.out.unlink(missing_ok=True)
+        run_plain_torchrun(REFERENCE, self.nproc, self.argv, timeout_s=600)
+        record = json.loads(self.out.read_text())
+        self.params.add(int(record["params"]))
+        self.cpu.append(max(statistics.median(times) for times in record["step_cpu_times_by_rank"]))
+        return {KEY: max(statistics.median(times) for times in record["step_times_by_rank"])}
+
+
+def _progress(record: RoundRecord, cis: Mapping[str, MedianCI]) -> None:
+    first = "harness" if record.harness_first else "reference"
+    ci = cis[KEY]
+    width = f"CI +-{ci.relative_half_width * 100:.1f}%" if ci.has_interval else "no CI yet"
     print(
-        f"\nSFT step time, {args.model} ZeRO-{args.zero_stage} {args.precision}, micro-batch {args.micro_batch} "
-        f"x accum {args.grad_accum} x seq {args.seq_len}, {result['world_size']} ranks on {result['device']}, "
-        f"{args.rounds} rounds x {args.steps} steps each ({time.monotonic() - started:.0f} s):"
+        f"round {record.index + 1} ({first} first, {record.seconds:.0f} s): harness {record.harness[KEY]:.4f} s,"
+        f" reference {record.reference[KEY]:.4f} s, this round {record.harness[KEY] / record.reference[KEY]:.3f};"
+        f" {width}",
+        flush=True,
     )
-    print(f"  harness SFT workload   median {harness:.4f} s/step  ({len(result['harness'])} steps)")
-    print(f"  plain DeepSpeed loop   median {plain:.4f} s/step  ({len(result['plain'])} steps)")
-    harness_cpu, plain_cpu = statistics.median(result["harness_cpu"]), statistics.median(result["plain_cpu"])
-    # Not the gated figure: CPU time is steadier than wall time on a shared machine.
-    print(f"  cross-check: process CPU time per step, harness/plain = {harness_cpu / plain_cpu:.3f}")
-    print(f"overhead ratio harness/plain (target <= 1.05): {harness / plain:.3f}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    options, case, backend, nproc = harness_options(args)
+    rule = StopRule(args.tolerance, 0.95, args.min_rounds, args.max_rounds, args.max_seconds)
+    with tempfile.TemporaryDirectory(prefix="sft-overhead-") as tmp:
+        harness = Harness(options, backend, nproc, Path(tmp) / "jobs")
+        reference = Reference(options, backend, nproc, Path(tmp))
+        print(
+            f"SFT step time, case {case} of {args.hw} (ZeRO-{options['zero_stage']}, micro-batch"
+            f" {options['micro_batch']} x accum {options['grad_accum']} x seq {options['seq_len']}), {nproc}"
+            f" {backend} ranks, {args.warmup} + {args.steps} steps per job; harness = cluster.run({SFT_WORKLOAD}),"
+            f" reference = {REFERENCE.name} by plain torchrun",
+            flush=True,
+        )
+        comparison = run_interleaved(harness, reference, rule, on_round=_progress)
+    if harness.params != reference.params:
+        raise SystemExit(
+            f"the two sides trained different models ({sorted(harness.params)} against"
+            f" {sorted(reference.params)} parameters): the comparison is void"
+        )
+    print()
+    label = f"SFT step time (slowest rank's median, {harness.params.pop()} parameters)"
+    for line in report_lines(comparison, lambda _: label, "s", "harness", "plain DeepSpeed"):
+        print(line)
+    # Not gated: CPU time per step is steadier than wall time on a shared machine, and tells
+    # a harness that does more work from one that only waited longer.
+    cpu = median_ci(paired_ratios(harness.cpu, reference.cpu))
+    interval = f"{cpu.lo:.3f}-{cpu.hi:.3f}" if cpu.has_interval else "none yet"
+    print(
+        f"diagnostic (not gated): process CPU per step, harness over plain, median paired quotient {cpu.median:.3f} (CI {interval})"
+    )
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    started = time.monotonic()
+    code = main()
+    print(f"({time.monotonic() - started:.0f} s in all)")
+    sys.exit(code)

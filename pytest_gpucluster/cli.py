@@ -48,9 +48,29 @@ PARSERS: dict[str, ParserEntry] = {
     ),
     "nvlink": ParserEntry(
         "pytest_gpucluster.parsers.nvidia_nvlink",
-        "parse_nvlink_text",
+        "parse_nvlink_captures",
+        "captures_to_json",
+        "nvidia-smi nvlink -s / -gt d / -gt r; a list, one object per capture (idle, training...)",
+    ),
+    "ib-ports": ParserEntry(
+        "pytest_gpucluster.parsers.ib_tools",
+        "parse_fabric",
         "to_json",
-        "nvidia-smi nvlink -s / -gt d / -gt r",
+        "InfiniBand/RoCE ports: ibstat, ibstatus, ibv_devinfo -v, perfquery, sysfs dumps, fabric_probe JSON",
+        True,
+    ),
+    "dcgm-diag": ParserEntry(
+        "pytest_gpucluster.parsers.dcgm_diag",
+        "parse_dcgm_diag",
+        "to_json",
+        "dcgmi diag -r <level> -j (DCGM 2.x/3.x/4.x) or its plain-text table",
+        True,
+    ),
+    "ecc": ParserEntry(
+        "pytest_gpucluster.parsers.nvidia_smi_ecc",
+        "parse_ecc",
+        "to_json",
+        "nvidia-smi -q -d ECC, or --query-gpu=ecc.mode.current,ecc.mode.pending CSV",
     ),
     "train-log": ParserEntry(
         "pytest_gpucluster.parsers.train_log",
@@ -222,15 +242,18 @@ def cmd_profiles_derive(args: argparse.Namespace) -> int:
 
 
 def cmd_profiles_check(args: argparse.Namespace) -> int:
-    """Schema and physics checks of each file, running nothing; exit 2 if any fails."""
+    """Schema and physics checks of each file, running nothing. Exit 2 if any file is invalid or
+    asks for what its hardware cannot do, 1 if any has warnings (or, with --strict, an unsourced
+    threshold), 0 when every file is clean."""
     import yaml
 
-    from pytest_gpucluster.profiles.devices import find_device, load_devices
+    from pytest_gpucluster.profiles.devices import load_devices
     from pytest_gpucluster.profiles.loader import load_profile
-    from pytest_gpucluster.profiles.physics import check_profile
+    from pytest_gpucluster.profiles.physics import check_profile, peaks_for
+    from pytest_gpucluster.profiles.sources import unsourced_thresholds
 
     dirs = [Path(d) for d in args.thresholds_dir]
-    failed = 0
+    failed = flagged = 0
     for name in args.files:
         try:
             path = Path(name)
@@ -247,19 +270,27 @@ def cmd_profiles_check(args: argparse.Namespace) -> int:
             print(f"FAIL  {name}: {exc}", file=sys.stderr)
             continue
         report = check_profile(profile.model)
-        device = (
-            find_device(profile.model.cluster.gpu_model) if profile.model.cluster.device == "cuda" else None
-        )
-        against = f"the peaks of {device.name}" if device else "the profile's own figures"
+        match = peaks_for(profile.model).match
+        if match is None:
+            against = "the profile's own figures"
+        else:
+            how = "named exactly" if match.exact else "family only: its strongest part"
+            against = f"the peaks of {match.device.part} (devices.yaml {match.device.key}; {how})"
+        unsourced = unsourced_thresholds(profile.chain) if args.strict else ()
+        verdict = "ok   " if not profile.warnings and not unsourced else "WARN "
+        flagged += verdict != "ok   "
         print(
-            f"ok    {name}: schema valid; {report.checked} threshold(s) held against {against}, "
+            f"{verdict} {name}: schema valid; {report.checked} threshold(s) held against {against}, "
             f"{len(profile.warnings)} warning(s), {len(report.skipped)} not checked"
+            + (f", {len(unsourced)} unsourced" if args.strict else "")
         )
         for warning in profile.warnings:
             print(f"      warning: {warning}")
+        for item in unsourced:
+            print(f"      unsourced: {item}")
         for skipped in report.skipped:
             print(f"      not checked: {skipped}")
-    return 2 if failed else 0
+    return 2 if failed else (1 if flagged else 0)
 
 
 def build_profiles_command_parser(word: str) -> argparse.ArgumentParser:
@@ -283,9 +314,16 @@ def build_profiles_command_parser(word: str) -> argparse.ArgumentParser:
         parser = argparse.ArgumentParser(
             prog="gpucluster profiles check",
             description="Schema and physics checks of profiles (and of a devices.yaml), running nothing. "
-            "Exit 0 when every file passes, 2 otherwise.",
+            "Exit 0 when every file is clean, 1 when one has warnings (or, with --strict, a threshold "
+            "without a source), 2 when one is invalid or asks for what its hardware cannot do.",
         )
         parser.add_argument("files", nargs="+", metavar="FILE", help="profile paths or names")
+        parser.add_argument(
+            "--strict",
+            action="store_true",
+            help="also fail on a threshold that does not say where its number comes from "
+            "(a comment on or above its line, or a source: field)",
+        )
         parser.set_defaults(func=cmd_profiles_check)
     parser.add_argument("--thresholds-dir", action="append", default=[], help="extra profile directory")
     return parser

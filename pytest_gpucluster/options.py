@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 import pytest
 
 from pytest_gpucluster.errors import SettingsError
+from pytest_gpucluster.profiles.estimates import DEFAULT_JOB_TIMEOUT_S
 
 T = TypeVar("T")
 
@@ -194,7 +195,7 @@ OPTIONS: tuple[_Option, ...] = (
         "--job-timeout",
         "job_timeout",
         "seconds before a launched job is declared hung and killed (tests may ask for less)",
-        900.0,
+        DEFAULT_JOB_TIMEOUT_S,  # profiles check holds each sft case's estimated run time against it
         _positive_seconds,
         "SECONDS",
     ),
@@ -268,6 +269,14 @@ def add_options(parser: pytest.Parser) -> None:
         help="print, per host, the exact commands each test would launch, and launch nothing",
     )
     group.addoption(
+        "--gpucluster-reap",
+        dest="gpucluster_reap",
+        action="store_true",
+        default=False,
+        help="at session start, kill the processes that crashed earlier sessions left on the nodes and "
+        "remove stale DeepSpeed /dev/shm segments (without it they are only reported)",
+    )
+    group.addoption(
         "--gpucluster-drain",
         dest="gpucluster_drain",
         action="store_true",
@@ -299,6 +308,7 @@ class Settings:
     max_regression: float
     dry_run: bool = False
     drain: bool = False
+    reap: bool = False
     sources: Mapping[str, str] = field(default_factory=dict)
     """Option name -> 'command line', 'environment GPUCLUSTER_X', 'ini key gpucluster_x' or 'default'."""
 
@@ -332,6 +342,7 @@ def resolve_settings(config: pytest.Config, environ: Mapping[str, str] | None = 
         **values,
         dry_run=bool(config.getoption("gpucluster_dry_run")),
         drain=bool(config.getoption("gpucluster_drain")),
+        reap=bool(config.getoption("gpucluster_reap")),
         sources=sources,
     )
 

@@ -57,6 +57,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except GpuClusterError as exc:
         raise pytest.UsageError(f"gpucluster: {exc}") from None
     config.stash[SESSION_KEY] = session
+    _sigterm_stops_like_ctrl_c(config)
     if settings.baseline is not None and not session.is_xdist_worker:
         from pytest_gpucluster.results.baseline import read_results
 
@@ -74,6 +75,25 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(rank_tests, "gpucluster-rank-tests")
     # world_size(n) tests launch through the session's cluster (built on first use).
     config.stash[rank_tests.CLUSTER_KEY] = lambda: session.cluster
+
+
+def _sigterm_stops_like_ctrl_c(config: pytest.Config) -> None:
+    """SIGTERM (a CI timeout, kill, Slurm) takes Ctrl-C's path: the job is stopped and cancelled,
+    fixtures are torn down, results.json is written (see sigterm.py). Not on the ranks."""
+    from pytest_gpucluster.rank_tests import on_rank_side
+    from pytest_gpucluster.sigterm import sigterm_as_keyboard_interrupt
+
+    restore = None if on_rank_side() else sigterm_as_keyboard_interrupt()
+    if restore is not None:
+        config.add_cleanup(restore)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Before any test: report (and with --gpucluster-reap, kill) what crashed sessions left."""
+    gc = session.config.stash.get(SESSION_KEY, None)
+    if gc is None or gc.is_xdist_worker or gc.settings.dry_run:
+        return
+    gc.check_leftovers(kill=gc.settings.reap)
 
 
 def _terminal_writer(config: pytest.Config) -> Any:

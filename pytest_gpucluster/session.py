@@ -6,6 +6,7 @@ and keeps it under `SESSION_KEY`; fixtures and acceptance modules read it with `
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -23,6 +24,7 @@ from pytest_gpucluster.results.fingerprint import fingerprint, redact
 from pytest_gpucluster.results.recorder import Recorder
 
 if TYPE_CHECKING:
+    from pytest_gpucluster.launch.leftover_check import LeftoverReport
     from pytest_gpucluster.results.baseline import RunResults
     from pytest_gpucluster.results.report import Finished
 
@@ -43,6 +45,11 @@ class GpuClusterSession:
     """The ``--baseline`` results file, read at start-up (an unreadable one is a usage error)."""
     finished: Finished | None = None
     """The report files and baseline comparison, once the session has finished."""
+    session_tag: str = ""
+    """``host:pid:start`` of the pytest that owns this run (an xdist worker's parent): every job
+    carries it, so a later session can tell this run's leftovers from a live run's jobs."""
+    leftovers: LeftoverReport | None = None
+    """What `check_leftovers` found at session start, or None."""
 
     @classmethod
     def start(cls, config: pytest.Config, settings: Settings) -> GpuClusterSession:
@@ -72,6 +79,7 @@ class GpuClusterSession:
             results_dir=results_dir,
             recorder=recorder,
             is_xdist_worker=worker,
+            session_tag=_session_tag(config),
         )
         recorder.header = session.header_record()
         return session
@@ -149,6 +157,8 @@ class GpuClusterSession:
         ]
         for warning in self.profile.warnings:
             lines.append(f"gpucluster: WARNING {warning}")
+        if self.leftovers is not None:
+            lines += [f"gpucluster: {line}" for line in self.leftovers.lines()]
         if self.settings.dry_run:
             lines.append("gpucluster: dry run — commands are printed, nothing is launched")
         return lines
@@ -180,7 +190,23 @@ class GpuClusterSession:
             remote_exec=self.settings.remote_exec,
             progress=self.progress,
             default_env=self.nccl_env,
+            session_tag=self.session_tag,
         )
+
+    def check_leftovers(self, *, kill: bool) -> None:
+        """Look for what crashed sessions left on this machine and the hostfile's nodes (through
+        the remote-exec prefix); with ``kill``, reap it. Reported in the header and results.json."""
+        from pytest_gpucluster.launch.base import RemoteExec
+        from pytest_gpucluster.launch.leftover_check import check_leftovers
+
+        hostfile = None if self.cluster_error() else self.hostfile  # a bad one fails the tests that use it
+        hosts = [(e.host, e.user) for e in hostfile.entries] if hostfile is not None else []
+        remote = self.settings.remote_exec
+        self.leftovers = check_leftovers(
+            hosts, RemoteExec.parse(remote) if remote else None, sys.executable, self.session_tag, kill=kill
+        )
+        if not self.leftovers.empty:
+            self.recorder.header["leftovers"] = self.leftovers.to_json()
 
     def _launcher_kwargs(self, name: str) -> dict[str, Any]:
         extra = self.settings.launcher_args
@@ -237,6 +263,21 @@ def get_session(config: pytest.Config) -> GpuClusterSession:
         return config.stash[SESSION_KEY]
     except KeyError:
         raise pytest.UsageError("gpucluster: the plugin did not start (see the error above)") from None
+
+
+def _session_tag(config: pytest.Config) -> str:
+    """This run's owner: the xdist controller for a worker, the job's session on a rank."""
+    from pytest_gpucluster.launch.leftovers import SessionTag
+    from pytest_gpucluster.workloads._runtime import SESSION_ENV
+
+    if os.environ.get("GPUCLUSTER_RANK_SIDE") == "1" and os.environ.get(SESSION_ENV):
+        return os.environ[SESSION_ENV]
+    if hasattr(config, "workerinput"):
+        try:
+            return str(SessionTag.of_process(os.getppid()))
+        except ProcessLookupError:
+            pass  # the controller is gone already; this worker is on its own
+    return str(SessionTag.of_process())
 
 
 def _results_dir(settings: Settings) -> Path:

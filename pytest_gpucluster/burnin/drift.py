@@ -238,7 +238,7 @@ def _facts_versions(facts: Facts, fallback: Facts | None = None) -> dict[str, st
         out["cuda_driver"] = f"{code // 1000}.{code % 1000 // 10}"
     plugin = value("net_plugin")
     if plugin is not None:
-        out["net_plugin"] = plugin.name
+        out["net_plugin"] = plugin.project or plugin.name  # aws-ofi-nccl, not NCCL's "Libfabric"
         if plugin.version:
             out["net_plugin_version"] = plugin.version
     return out

@@ -4,8 +4,9 @@ Pure: texts, an :class:`~pytest_gpucluster.parsers.nccl_log.NcclLog` and a
 :class:`~pytest_gpucluster.profiles.schema.NcclSection` in, :class:`Finding` values out, and each
 finding as a `Check` (:func:`finding_checks`, :func:`agreement_check`); no I/O, no pytest, no torch.
 ``acceptance/test_nccl.py`` reads the files (``--nccl-log`` or a launched probe's per-rank logs),
-calls `checks.nccl_logs.read_logs`, then judges the checks of :func:`check_expectation` per expectation and
-of :func:`check_agreement` with ``results.check_all``.
+calls `checks.nccl_logs.read_logs`, then judges the checks of :func:`check_expectation` per
+expectation, of :func:`check_agreement` and of :func:`check_errors` (the failures NCCL printed) with
+``results.check_all``.
 
 Every finding carries its evidence: the log line that contradicts (or confirms) the expectation,
 as ``file:line: text``, or the sentence saying which line was looked for and not found -- what an
@@ -18,6 +19,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from pytest_gpucluster.checks.nccl_hints import LOOKED_FOR, NEXT
 from pytest_gpucluster.checks.nccl_logs import LogSet, clip
 from pytest_gpucluster.errors import ProfileError
 from pytest_gpucluster.parsers.nccl_log import (
@@ -26,6 +28,7 @@ from pytest_gpucluster.parsers.nccl_log import (
     NcclLog,
     RankFacts,
     disagreements,
+    failure_kind,
 )
 from pytest_gpucluster.profiles.schema import NcclSection
 from pytest_gpucluster.results.model import Check, ThresholdRef
@@ -35,8 +38,10 @@ __all__ = [
     "Finding",
     "agreement_check",
     "check_agreement",
+    "check_errors",
     "check_expectation",
     "check_profile",
+    "error_check",
     "expectations_of",
     "finding_checks",
     "version_at_least",
@@ -49,47 +54,6 @@ EXPECTATIONS = ("min_version", "network", "net_plugin", "provider", "gdr", "nvls
 _METRICS = {
     "min_version": "nccl.version",
     "net_plugin.min_version": "nccl.net_plugin_version",
-}
-
-_LOOKED_FOR = {
-    "min_version": "'NCCL version <x.y.z>'",
-    "network": "'Using network <name>' (or a channel line '... via NET/<name>/...')",
-    "net_plugin": (
-        "'NET/Plugin: Loaded net plugin <name>', 'Successfully loaded external plugin <lib>' "
-        "or 'NET/OFI Initializing aws-ofi-nccl <version>'"
-    ),
-    "net_plugin.min_version": "'NET/OFI Initializing aws-ofi-nccl <version>'",
-    "provider": "'NET/OFI Selected provider is <name>'",
-    "gdr": (
-        "a channel line '... via NET/<name>/<dev>/GDRDMA', 'GPU Direct RDMA Enabled|Disabled' or 'GDR 0|1'"
-    ),
-    "nvls": "'NVLS multicast support is (not) available' or '<n> nvls channels'",
-}
-
-_NEXT = {
-    "min_version": "upgrade NCCL (or the PyTorch wheel that bundles it) on every node",
-    "network": (
-        "check that the RDMA stack (libibverbs, or the net plugin and libfabric on EFA) is installed on "
-        "every node and that NCCL_NET, NCCL_IB_DISABLE or NCCL_IB_HCA do not steer NCCL elsewhere"
-    ),
-    "net_plugin": (
-        "check NCCL_NET_PLUGIN and that the plugin's libnccl-net*.so is on LD_LIBRARY_PATH on every node"
-    ),
-    "net_plugin.none": (
-        "the profile expects NCCL's built-in transport: unset NCCL_NET_PLUGIN or take libnccl-net*.so "
-        "off LD_LIBRARY_PATH"
-    ),
-    "net_plugin.min_version": "install a newer net plugin on every node",
-    "provider": "check FI_PROVIDER and the fabric with 'fi_info -p <provider>'",
-    "gdr": (
-        "check the nvidia-peermem module (or dma-buf support), NCCL_NET_GDR_LEVEL and, on EFA, "
-        "FI_EFA_USE_DEVICE_RDMA=1"
-    ),
-    "nvls": "NVLS needs NVSwitch systems with the fabric manager running, NCCL >= 2.17 and NCCL_NVLS_ENABLE",
-    "agreement": (
-        "every node must run the same NCCL, plugin and network: compare the odd node's image, "
-        "LD_LIBRARY_PATH and NCCL_* environment with the others"
-    ),
 }
 
 
@@ -197,8 +161,8 @@ def check_expectation(
 
 
 def _missing(name: str, expected: str, extra: str = "") -> Finding:
-    looked = f"looked for {_LOOKED_FOR[name]} and found no such line{extra}"
-    return Finding(name, expected, None, looked, False, _NEXT.get(name, ""), quoted=False)
+    looked = f"looked for {LOOKED_FOR[name]} and found no such line{extra}"
+    return Finding(name, expected, None, looked, False, NEXT.get(name, ""), quoted=False)
 
 
 def _check_version(fact: Fact | None, minimum: str, name: str, quote: Quote) -> Finding:
@@ -212,7 +176,7 @@ def _check_version(fact: Fact | None, minimum: str, name: str, quote: Quote) -> 
         ok = version_at_least(found, minimum)
     except ValueError:
         ok = False
-    return Finding(name, expected, found, quote(fact.evidence), ok, _NEXT[name])
+    return Finding(name, expected, found, quote(fact.evidence), ok, NEXT[name])
 
 
 def _network_key(name: str) -> str:
@@ -240,7 +204,7 @@ def _check_network(log: NcclLog, expected: str, quote: Quote) -> Finding:
         return _missing("network", expected)
     found = str(fact.value)
     ok = _network_key(found) == _network_key(expected)
-    return Finding("network", expected, found, quote(fact.evidence) + _note(fact), ok, _NEXT["network"])
+    return Finding("network", expected, found, quote(fact.evidence) + _note(fact), ok, NEXT["network"])
 
 
 def _check_equal(fact: Fact | None, expected: str, name: str, quote: Quote) -> Finding:
@@ -248,7 +212,7 @@ def _check_equal(fact: Fact | None, expected: str, name: str, quote: Quote) -> F
         return _missing(name, expected)
     found = str(fact.value)
     ok = found.casefold() == expected.casefold()
-    return Finding(name, expected, found, quote(fact.evidence) + _note(fact), ok, _NEXT[name])
+    return Finding(name, expected, found, quote(fact.evidence) + _note(fact), ok, NEXT[name])
 
 
 def _yes_no(flag: bool) -> str:
@@ -265,13 +229,12 @@ def _check_flag(fact: Fact | None, expected: bool, name: str, quote: Quote) -> F
         _yes_no(bool(fact.value)),
         quote(fact.evidence) + _note(fact),
         ok,
-        _NEXT[name],
+        NEXT[name],
     )
 
 
 def _plugin_text(fact: Fact) -> str:
-    plugin = fact.value
-    return f"{plugin.name} {plugin.version}" if plugin.version else plugin.name
+    return fact.value.label  # "aws-ofi-nccl 1.16.2 (Libfabric)": project and version, NCCL's name
 
 
 def _check_plugin(log: NcclLog, section: NcclSection, quote: Quote) -> list[Finding]:
@@ -286,16 +249,14 @@ def _check_plugin(log: NcclLog, section: NcclSection, quote: Quote) -> list[Find
                     _plugin_text(fact),
                     quote(fact.evidence),
                     False,
-                    _NEXT["net_plugin.none"],
+                    NEXT["net_plugin.none"],
                 )
             ]
         net = log.network
         if net is not None and _network_key(str(net.value)) not in _BUILT_IN_NETWORKS:
             # The plugin's own load line is missing (a cut log), but only a plugin provides this network.
             found = f"a plugin providing network {net.value}"
-            return [
-                Finding("net_plugin", "none", found, quote(net.evidence), False, _NEXT["net_plugin.none"])
-            ]
+            return [Finding("net_plugin", "none", found, quote(net.evidence), False, NEXT["net_plugin.none"])]
         said = log.net_plugin_error
         if said is not None:
             return [Finding("net_plugin", "none", "none", quote(said.evidence), True)]
@@ -308,13 +269,13 @@ def _check_plugin(log: NcclLog, section: NcclSection, quote: Quote) -> list[Find
         failed = log.net_plugin_error
         if failed is not None:
             return [
-                Finding("net_plugin", want.name, "none", quote(failed.evidence), False, _NEXT["net_plugin"])
+                Finding("net_plugin", want.name, "none", quote(failed.evidence), False, NEXT["net_plugin"])
             ]
         return [_missing("net_plugin", want.name)]
     plugin = fact.value
-    ok = plugin.name.casefold() == want.name.casefold()
+    ok = plugin.matches(want.name)  # NCCL's name, the project or the library file
     found = [
-        Finding("net_plugin", want.name, _plugin_text(fact), quote(fact.evidence), ok, _NEXT["net_plugin"])
+        Finding("net_plugin", want.name, _plugin_text(fact), quote(fact.evidence), ok, NEXT["net_plugin"])
     ]
     if ok and want.min_version:
         version = Fact(plugin.version, fact.evidence) if plugin.version else None
@@ -343,7 +304,7 @@ def check_agreement(logs: LogSet) -> list[Finding]:
         found = "; ".join(f"{r.label} says {f.value!r}" for r, f in d.odd)
         evidence = " | ".join(cite(r, f) for r, f in d.odd[:3])
         expected = f"{d.majority!r} on every rank ({d.majority_count} say so)"
-        findings.append(Finding(f"agreement.{d.fact}", expected, found, evidence, False, _NEXT["agreement"]))
+        findings.append(Finding(f"agreement.{d.fact}", expected, found, evidence, False, NEXT["agreement"]))
     loaded = [r for r in ranks if r.net_plugin is not None]
     failed = [r for r in ranks if r.net_plugin is None and r.net_plugin_error is not None]
     if loaded and failed:
@@ -351,8 +312,40 @@ def check_agreement(logs: LogSet) -> list[Finding]:
         found = "; ".join(f"{r.label} loaded no plugin" for r in failed)
         evidence = " | ".join(cite(r, r.net_plugin_error) for r in failed[:3] if r.net_plugin_error)
         expected = f"{' or '.join(names)} loaded on every rank ({len(loaded)} loaded it)"
-        findings.append(Finding("agreement.net_plugin", expected, found, evidence, False, _NEXT["agreement"]))
+        findings.append(Finding("agreement.net_plugin", expected, found, evidence, False, NEXT["agreement"]))
     return findings
+
+
+# --- failures NCCL printed ----------------------------------------------------------------------------
+
+_MAX_QUOTED_ERRORS = 3
+
+
+def check_errors(logs: LogSet) -> Finding:
+    """NCCL printed no failure: each failing WARN or failed-call line is an error (rule: parsers.nccl_log.severity).
+
+    The finding quotes the first line of up to three distinct errors, ``file:line: text``, and names what
+    kind of failure each is; ``found`` counts them.
+    """
+    errors = logs.log.errors
+    if not errors:
+        return Finding(
+            "errors",
+            "no NCCL error",
+            "none",
+            "no NCCL WARN or error line reports a failure",
+            True,
+            quoted=False,
+        )
+    first: dict[str, Fact] = {}
+    for fact in errors:
+        first.setdefault(str(fact.value), fact)
+    shown = list(first.values())[:_MAX_QUOTED_ERRORS]
+    kinds = ", ".join(dict.fromkeys(failure_kind(str(f.value)) for f in shown))
+    more = f" (and {len(first) - len(shown)} more distinct)" if len(first) > len(shown) else ""
+    evidence = " | ".join(logs.quote(f.evidence) for f in shown) + more
+    found = f"{len(errors)} error line(s): {kinds}"
+    return Finding("errors", "no NCCL error", found, evidence, False, NEXT["errors"])
 
 
 # --- findings as checks ----------------------------------------------------------------------------
@@ -402,4 +395,18 @@ def agreement_check(findings: Sequence[Finding], ranks: int, origin: str) -> Che
         "==",
         labels={"ranks": ranks, "differ_on": ", ".join(f.expectation for f in findings) or "nothing"},
         hint=" ".join(f"{f.message}." for f in findings) + f" (logs from {origin})",
+    )
+
+
+def error_check(logs: LogSet, origin: str) -> Check:
+    """The failing lines NCCL printed (at most 0), quoting the first few (:func:`check_errors`)."""
+    finding = check_errors(logs)
+    return Check(
+        "nccl.errors",
+        float(len(logs.log.errors)),
+        "lines",
+        0.0,
+        "<=",
+        labels={"found": finding.found or "none"},
+        hint=f"{finding.message} (logs from {origin})",
     )

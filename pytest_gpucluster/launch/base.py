@@ -50,9 +50,13 @@ class LaunchCommand:
     """Variables added to this machine's environment for the process (never the whole environ)."""
     remote: bool = False
     """True when argv goes through a remote-exec prefix to another node."""
+    node_argv: tuple[str, ...] = ()
+    """For a remote command: what runs on the node, before the prefix and ``env K=V`` were put
+    around it (the launch wraps it in the node-side guard, `launch.guard`, and wraps it again)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "argv", tuple(str(a) for a in self.argv))
+        object.__setattr__(self, "node_argv", tuple(str(a) for a in self.node_argv))
         object.__setattr__(self, "env", _frozen_env(self.env))
 
     def shell_line(self) -> str:

@@ -15,7 +15,9 @@ No torch, no pytest.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
+import os
 import re
 import sys
 import uuid
@@ -35,14 +37,19 @@ from pytest_gpucluster.launch.base import (
     is_local_host,
     merge_pythonpath,
 )
+from pytest_gpucluster.launch.guard import guard_argv
+from pytest_gpucluster.launch.leftovers import SessionTag
 from pytest_gpucluster.launch.process import LaunchSpec, read_rank_states, reap_argv, run_commands
 from pytest_gpucluster.launch.result import JobResult, build_result
 from pytest_gpucluster.launch.xdist import launch_lock
-from pytest_gpucluster.workloads._runtime import JOB_FILE, JOB_ID_ENV, write_json_atomic
+from pytest_gpucluster.workloads._runtime import JOB_FILE, JOB_ID_ENV, SESSION_ENV, write_json_atomic
 
-__all__ = ["Cluster", "workload_name"]
+__all__ = ["RANK_DEADLINE_GRACE_S", "Cluster", "guarded", "workload_name"]
 
 Workload = str | Callable[..., Any]
+RANK_DEADLINE_GRACE_S = 30.0
+"""How long after the job's timeout a rank still running ends itself (see `workloads._worker`):
+long enough for the controller's own kill, with its stack dumps, to come first."""
 
 
 def workload_name(workload: Workload) -> tuple[str, list[str]]:
@@ -94,6 +101,8 @@ class Cluster:
         rendezvous_timeout: float = 60.0,
         failure_grace: float = 5.0,
         python: str | None = None,
+        session_tag: str | None = None,
+        rank_deadline_grace: float = RANK_DEADLINE_GRACE_S,
     ) -> None:
         self.spec = spec
         self.launcher = launcher
@@ -106,6 +115,9 @@ class Cluster:
         self.rendezvous_timeout = rendezvous_timeout
         self.failure_grace = failure_grace
         self.python = python or sys.executable
+        # Jobs carry the session that launched them, so a later session can tell its leftovers.
+        self.session_tag = session_tag or os.environ.get(SESSION_ENV) or str(SessionTag.of_process())
+        self.rank_deadline_grace = rank_deadline_grace
 
     def __repr__(self) -> str:
         return (
@@ -161,6 +173,7 @@ class Cluster:
         job_id = f"{_slug(name or target.rpartition(':')[2])}-{stamp}-{uuid.uuid4().hex[:6]}"
         job_env = {**self.default_env, **(env or {})}
         job_env[JOB_ID_ENV] = job_id
+        job_env[SESSION_ENV] = self.session_tag
         job_env["PYTHONPATH"] = merge_pythonpath(current_pythonpath_entry(), *roots)
         return JobSpec(
             job_id=job_id,
@@ -217,7 +230,7 @@ class Cluster:
             options=options, name=name,
         )  # fmt: skip
         job.job_dir.mkdir(parents=True, exist_ok=False)
-        user_env = {k: v for k, v in job.env.items() if k not in (JOB_ID_ENV, "PYTHONPATH")}
+        user_env = {k: v for k, v in job.env.items() if k not in (JOB_ID_ENV, SESSION_ENV, "PYTHONPATH")}
         write_json_atomic(
             job.job_dir / JOB_FILE,
             {
@@ -226,6 +239,7 @@ class Cluster:
                 "options": dict(job.options),
                 "backend": job.backend,
                 "timeout_s": job.timeout_s,
+                "hard_deadline_s": job.timeout_s + self.rank_deadline_grace,
                 "env": user_env,
                 "init_process_group": init_process_group,
                 "hosts": list(job.hosts),
@@ -244,8 +258,8 @@ class Cluster:
             if c.remote and job.remote is not None and not job.remote.shares_proc
         ]
         cancel = getattr(self.launcher, "cancel_commands", None)
-        if cancel is not None:  # e.g. scancel: stops the job's processes on every node
-            reapers += cancel(job)
+        cancels = list(cancel(job)) if cancel is not None else []  # scancel: stops the job on every node
+        reapers += cancels
         launch = LaunchSpec(
             job_id=job.job_id,
             job_dir=job.job_dir,
@@ -257,7 +271,9 @@ class Cluster:
         # Under pytest-xdist, multi-rank jobs of different workers must not overlap (they would
         # share devices and ports); outside xdist the lock does nothing.
         with launch_lock(self.results_dir):
-            outcome = run_commands(launch, commands, progress=self.progress, reap_commands=reapers)
+            outcome = run_commands(
+                launch, guarded(commands, job, cancels), progress=self.progress, reap_commands=reapers
+            )
         result = build_result(
             job_id=job.job_id,
             job_dir=job.job_dir,
@@ -270,3 +286,26 @@ class Cluster:
             timeout_s=job.timeout_s,
         )
         return result.raise_on_failure() if check else result
+
+
+def guarded(
+    commands: Sequence[LaunchCommand], job: JobSpec, on_orphan: Sequence[LaunchCommand] = ()
+) -> list[LaunchCommand]:
+    """Each command under a guard (`launch.guard`) that ends the job if this process dies.
+
+    A command for this machine gets a guard here that watches this process by pid and, once it
+    is gone, runs ``on_orphan`` (the Slurm cancel). A remote command gets its guard on the far
+    side of the prefix, watching the stdin pipe that `launch.process` keeps open.
+    """
+    out = []
+    for command in commands:
+        if command.remote and job.remote is not None and command.node_argv:
+            far = [*guard_argv(job.python, job.job_id), *command.node_argv]
+            argv = job.remote.wrap(command.host, far, command.env, user=job.users.get(command.host))
+        else:
+            near = guard_argv(
+                job.python, job.job_id, watch_pid=os.getpid(), on_orphan=[c.argv for c in on_orphan]
+            )
+            argv = [*near, *command.argv]
+        out.append(dataclasses.replace(command, argv=tuple(argv)))
+    return out

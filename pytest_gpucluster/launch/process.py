@@ -15,6 +15,11 @@ On nodes whose processes are not in this machine's /proc (real remote nodes), th
 runs there as ``python -m pytest_gpucluster.launch.process --reap JOB_ID`` through the
 remote-exec prefix (see `run_commands`' ``reap_commands``).
 
+If this process dies without cleaning up (SIGKILL, the OOM killer), the guard around every
+agent (`launch.guard`) does it. A remote command gets a stdin pipe that stays open as long as
+this process runs (it starts with `HELLO`): its guard on the far side takes end-of-file for
+this process's death.
+
 Standard library only (this module is also the remote reaper).
 """
 
@@ -30,12 +35,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from pytest_gpucluster.workloads._runtime import JOB_ID_ENV, PROGRESS_FILE
 
 __all__ = [
+    "HELLO",
     "ProcessOutcome",
     "find_job_pids",
+    "process_start_ticks",
     "read_rank_states",
     "run_commands",
     "tail_lines",
@@ -44,6 +52,9 @@ __all__ = [
 
 WORKER_MODULE = "pytest_gpucluster.workloads._worker"
 POLL_S = 0.05
+HELLO = b"gpucluster-controller-hello\n"
+"""Written into the stdin pipe of every remote command: the far side's guard (`launch.guard`)
+knows from it that stdin is forwarded, so a later end-of-file means the controller is gone."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +87,18 @@ def _is_zombie(pid: int, proc: str) -> bool:
         return True
     # The state follows the parenthesised command name, which may itself contain ") ".
     return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"Z", b"X")
+
+
+def process_start_ticks(pid: int, proc: str = "/proc") -> int | None:
+    """When ``pid`` started (field 22 of /proc/<pid>/stat, clock ticks since boot): a pid and
+    its start time name one process, even after the pid is reused. None if there is none."""
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
 
 
 def find_job_pids(job_id: str, proc: str = "/proc") -> list[int]:
@@ -282,6 +305,7 @@ def run_commands(
     logs = agent_log_paths(spec.job_dir, [c.host for c in commands])  # type: ignore[attr-defined]
     procs: list[subprocess.Popen | None] = []
     handles = []
+    lifelines: list[IO[bytes]] = []  # stdin pipes of remote commands, open until their agents are done
     start_error: str | None = None
     timed_out = False
     abort_reason: str | None = None
@@ -292,17 +316,22 @@ def run_commands(
             env = {**os.environ, **command.env, JOB_ID_ENV: spec.job_id}  # type: ignore[attr-defined]
             handle = open(log_path, "ab")  # noqa: SIM115 - closed in the finally below
             handles.append(handle)
+            remote = bool(getattr(command, "remote", False))
             try:
-                procs.append(
-                    subprocess.Popen(
-                        list(command.argv),  # type: ignore[attr-defined]
-                        env=env,
-                        stdin=subprocess.DEVNULL,
-                        stdout=handle,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
+                proc = subprocess.Popen(
+                    list(command.argv),  # type: ignore[attr-defined]
+                    env=env,
+                    stdin=subprocess.PIPE if remote else subprocess.DEVNULL,
+                    stdout=handle,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
                 )
+                procs.append(proc)
+                if proc.stdin is not None:
+                    lifelines.append(proc.stdin)
+                    with contextlib.suppress(OSError):  # an agent that died at once
+                        proc.stdin.write(HELLO)
+                        proc.stdin.flush()
             except OSError as exc:
                 procs.append(None)
                 start_error = f"could not start the agent for {command.host}: {exc}"  # type: ignore[attr-defined]
@@ -362,7 +391,8 @@ def run_commands(
                 spec, procs, reap_commands, dump_stacks=timed_out or abort_reason is not None
             )
     except BaseException:
-        _stop_everything(spec, procs, reap_commands, dump_stacks=False)
+        # Ctrl-C, or SIGTERM turned into it (sigterm.py): the stacks say where the job was.
+        _stop_everything(spec, procs, reap_commands, dump_stacks=True)
         raise
     finally:
         for proc in procs:
@@ -372,6 +402,9 @@ def run_commands(
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+        for pipe in lifelines:
+            with contextlib.suppress(OSError):
+                pipe.close()
         for handle in handles:
             handle.close()
         progress_tail.poll(final=True)

@@ -55,7 +55,11 @@ class TorchrunLauncher:
             if job.needs_remote(host):
                 assert job.remote is not None
                 full = job.remote.wrap(host, argv, job.env, user=job.users.get(host))
-                commands.append(LaunchCommand(host=host, argv=tuple(full), env=job.env, remote=True))
+                commands.append(
+                    LaunchCommand(
+                        host=host, argv=tuple(full), env=job.env, remote=True, node_argv=tuple(argv)
+                    )
+                )
             else:
                 commands.append(LaunchCommand(host=host, argv=tuple(argv), env=job.env))
         return commands

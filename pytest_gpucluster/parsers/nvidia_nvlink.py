@@ -19,6 +19,11 @@ link that is up; a GPU whose links are all down may print
 which is kept as the GPU's ``note``. ``Link N:`` lines in any other form (``-e`` error counters,
 text a future driver may print) are not guessed at: they are skipped, so such a link counts as
 neither active nor inactive -- compare the link count with what the hardware should have.
+
+A text holding several readings (an idle and a training ``-gt d`` capture, ``-gt d`` then ``-gt r``,
+prompts and prose between them) is split by ``nvidia_nvlink_captures``: :func:`parse_nvlink_captures`
+returns every capture, each with its lines, the command and the prose heading before it;
+:func:`parse_nvlink_text` returns the one report of a single-capture text and refuses several.
 """
 
 from __future__ import annotations
@@ -28,17 +33,21 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pytest_gpucluster.errors import ParseError
+from pytest_gpucluster.parsers.nvidia_nvlink_captures import split_captures
 from pytest_gpucluster.parsers.nvidia_smi import parse_gpu_header, text_preview
 
 __all__ = [
     "LinkBytes",
     "LinkCounters",
     "LinkStatus",
+    "NvlinkCapture",
     "NvlinkGpu",
     "NvlinkKind",
     "NvlinkReport",
+    "captures_to_json",
     "counter_delta",
     "inactive_links",
+    "parse_nvlink_captures",
     "parse_nvlink_counters",
     "parse_nvlink_status",
     "parse_nvlink_text",
@@ -115,8 +124,72 @@ class LinkBytes:
     rx_bytes: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class NvlinkCapture:
+    """One reading found in a text that may hold several: lines ``first``..``last`` (1-based).
+
+    ``command`` is the ``nvidia-smi nvlink ...`` line before it, without the prompt; ``heading`` the
+    last line of prose before it (``# 模型训练时（LLaMA-13B）``, ``end:``): how a person labels idle and
+    training readings.
+    """
+
+    report: NvlinkReport
+    first: int
+    last: int
+    command: str | None = None
+    heading: str | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "lines": [self.first, self.last],
+            "command": self.command,
+            "heading": self.heading,
+            **self.report.to_json(),
+        }
+
+
+def parse_nvlink_captures(text: str) -> tuple[NvlinkCapture, ...]:
+    """Every ``nvlink -s``/``-gt d``/``-gt r`` reading in ``text``, in order, each parsed on its own.
+
+    A capture with GPU lines but no link line of those forms (GPUs without NVLink, ``nvlink -c``
+    output) is skipped: its kind cannot be told; read such a text with :func:`parse_nvlink_status`.
+    Raises ParseError when no capture is left, saying what was looked for.
+    """
+    captures = []
+    for span in split_captures(text):
+        if span.kind is None:
+            continue  # GPU lines without any -s/-gt link line: nothing to read
+        try:
+            report = (
+                parse_nvlink_status(span.text)
+                if span.kind == "status"
+                else parse_nvlink_counters(span.text, span.kind)
+            )
+        except ParseError as exc:
+            raise ParseError(f"nvidia-smi nvlink capture at lines {span.first}-{span.last}: {exc}") from None
+        captures.append(NvlinkCapture(report, span.first, span.last, span.command, span.heading))
+    if not captures:
+        parse_nvlink_text(text)  # raises, saying what was looked for
+    return tuple(captures)
+
+
+def captures_to_json(captures: tuple[NvlinkCapture, ...]) -> list[dict]:
+    """``gpucluster parse nvlink``: one JSON object per capture, in the order they appear."""
+    return [c.to_json() for c in captures]
+
+
 def parse_nvlink_text(text: str) -> NvlinkReport:
-    """Parse the output of ``nvlink -s``, ``-gt d`` or ``-gt r``, telling which from its link lines."""
+    """Parse the output of ``nvlink -s``, ``-gt d`` or ``-gt r``, telling which from its link lines.
+
+    A text holding several captures is refused, naming them: parse it with :func:`parse_nvlink_captures`.
+    """
+    spans = [s for s in split_captures(text) if s.kind is not None]
+    if len(spans) > 1:
+        listed = ", ".join(f"{s.kind} at lines {s.first}-{s.last}" for s in spans)
+        raise ParseError(
+            f"nvidia-smi nvlink output holds {len(spans)} captures ({listed}); read them one by one with "
+            "parse_nvlink_captures() or `gpucluster parse nvlink FILE`, which prints each."
+        )
     kinds = set()
     for line in text.splitlines():
         if m := _COUNTER.match(line):

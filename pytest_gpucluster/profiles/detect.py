@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_gpucluster.errors import ProfileError
+from pytest_gpucluster.profiles.devices import identify_gpu, normalize_name, same_part
 
 __all__ = ["MachineInfo", "choose_profile", "detect_machine"]
 
@@ -140,20 +141,40 @@ def _any_nvlink_active(pynvml: object, count: int) -> bool:
     return False
 
 
+def _part(name: str) -> str:
+    device = identify_gpu(name)
+    return f"{device.key} ({device.part})" if device else "a part devices.yaml does not list"
+
+
 def choose_profile(machine: MachineInfo, gpu_models: Iterable[tuple[str, str | None]]) -> tuple[str, str]:
-    """Pick a profile for ``--hw=auto``: (name, reason). ``gpu_models`` is (profile, gpu_model) pairs."""
+    """Pick a profile for ``--hw=auto``: (name, reason). ``gpu_models`` is (profile, gpu_model) pairs.
+
+    The GPU's name must be the exact part a profile names (``profiles.devices.same_part``): an
+    "NVIDIA GH200 480GB" is not an H200, an "NVIDIA H100 PCIe" not the H100 SXM5 a DGX profile is
+    written for. The reason says which part the GPU is and which profile names it.
+    """
     if not machine.cuda_available:
         return "cpu-local", f"auto: {machine.why_missing('cuda')}"
     device = machine.gpu_names[0] if machine.gpu_names else ""
-    matches = sorted(name for name, model in gpu_models if model and model.lower() in device.lower())
-    if len(matches) == 1:
-        return matches[0], f"auto: GPU {device!r} matches gpu_model of {matches[0]}"
-    known = ", ".join(f"{name} ({model})" for name, model in sorted(gpu_models, key=lambda x: x[0]) if model)
-    if not matches:
+    others = sorted({n for n in machine.gpu_names if normalize_name(n) != normalize_name(device)})
+    if others:
         raise ProfileError(
-            f"--hw=auto: no shipped profile matches GPU {device!r}. Known profiles: {known}. "
-            "Pass --hw=<name> or --hw=path/to/profile.yaml."
+            f"--hw=auto: this machine mixes GPU parts ({device!r} and {', '.join(map(repr, others))}); "
+            "no profile describes a mixed node. Pass --hw=<name>."
         )
+    pairs = sorted(((name, model) for name, model in gpu_models if model), key=lambda x: x[0])
+    matches = [(name, model) for name, model in pairs if same_part(model, device)]
+    if len(matches) == 1:
+        name, model = matches[0]
+        return name, f"auto: GPU {device!r} is {_part(device)}, the part {name} names (gpu_model {model!r})"
+    if matches:
+        names = ", ".join(name for name, _ in matches)
+        raise ProfileError(
+            f"--hw=auto: GPU {device!r} ({_part(device)}) matches several profiles ({names}); pass --hw=<name>."
+        )
+    known = ", ".join(f"{name} ({model})" for name, model in pairs)
     raise ProfileError(
-        f"--hw=auto: GPU {device!r} matches several profiles ({', '.join(matches)}); pass --hw=<name>."
+        f"--hw=auto: GPU {device!r} is {_part(device)}; no profile names that part exactly. Profiles and "
+        f"the parts they name: {known}. Pass --hw=<name> or --hw=path/to/profile.yaml (a profile for this "
+        f"GPU sets cluster.gpu_model: {device.removeprefix('NVIDIA ')!r})."
     )

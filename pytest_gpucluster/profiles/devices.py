@@ -1,13 +1,23 @@
-"""Device peaks as data: read ``thresholds/devices.yaml`` and find the device a profile names.
+"""Device peaks as data: read ``thresholds/devices.yaml``, and tell which part a name means.
 
-Each entry holds a GPU's dense bf16 peak, memory, memory bandwidth and links, with the
-datasheet it comes from. :func:`find_device` maps a profile's ``cluster.gpu_model`` (a
-substring of the device name, such as ``"H100"``) to an entry; the physics checks use it
-where the profile's own ``cluster:`` section gives no figure.
+Each entry holds one GPU *part* (model and form factor: an H100 SXM5 and an H100 PCIe are two
+parts) with its dense bf16 peak, memory, memory bandwidth and links, and the datasheet they come
+from. Names are matched exactly, never by substring: "GH200" contains "H200", "H100 PCIe"
+contains "H100", and a substring match hands either the wrong part's peaks (and ``--hw=auto``
+the wrong profile).
+
+- :func:`identify_gpu` maps a name the driver reports (``nvidia-smi --query-gpu=name``,
+  ``torch.cuda.get_device_name``: ``"NVIDIA H100 80GB HBM3"``) to its part, or None.
+- :func:`resolve_gpu_model` maps a profile's ``cluster.gpu_model`` to a part: exactly (a device
+  name or a devices.yaml key), or, for older profiles that name only a family (``"H100"``), to the
+  family's strongest part, flagged as inexact so the physics checks can warn.
+
+Imports ``schema`` (for the quantity types) and ``paths`` only; never the loader or physics.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -17,13 +27,25 @@ import yaml
 from pydantic import ValidationError
 
 from pytest_gpucluster.errors import ProfileError
+from pytest_gpucluster.profiles.paths import shipped_thresholds_dir
 from pytest_gpucluster.profiles.schema import Bandwidth, FlopRate, Section, Size
 
-__all__ = ["Device", "devices_file", "find_device", "load_devices"]
+__all__ = [
+    "Device",
+    "DeviceMatch",
+    "devices_file",
+    "find_device",
+    "identify_gpu",
+    "load_devices",
+    "normalize_name",
+    "resolve_gpu_model",
+    "same_part",
+]
 
 
 class _DeviceEntry(Section):
     key: str
+    part: str
     names: tuple[str, ...]
     peak_flops: FlopRate
     memory: Size
@@ -41,11 +63,14 @@ class _DevicesFile(Section):
 
 @dataclass(frozen=True, slots=True)
 class Device:
-    """One GPU's peaks in canonical units (FLOP/s, bytes, bytes/s per direction)."""
+    """One GPU part's peaks in canonical units (FLOP/s, bytes, bytes/s per direction)."""
 
     key: str
+    part: str
+    """What people call the part: ``H100 SXM5``, ``H100 PCIe``."""
     names: tuple[str, ...]
-    """Names matched against a profile's ``gpu_model``, most specific first."""
+    """The exact names of this part: as the driver reports them (without ``NVIDIA ``), then
+    spellings a profile may use. Compared after :func:`normalize_name`."""
     peak_flops: float
     """Dense bf16/fp16 tensor-core peak."""
     memory: float
@@ -54,19 +79,33 @@ class Device:
     nvlink_bandwidth: float | None
     """Per direction per GPU; None where the GPU has no NVLink."""
     pcie_bandwidth: float
-    """Per direction, the GPU's x16 host link."""
+    """Per direction, the GPU's host link."""
     nvls: bool
     """Sits on an NVSwitch with NVLink SHARP: NCCL can reduce an all_reduce in the switch."""
     source: str
 
     @property
     def name(self) -> str:
-        return self.names[0]
+        return self.part
+
+    @property
+    def family(self) -> str:
+        """``h100`` for ``h100-sxm``, ``h100-pcie`` and ``h100-nvl``."""
+        return self.key.split("-")[0]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceMatch:
+    """How a profile's ``gpu_model`` resolved to a part."""
+
+    device: Device
+    exact: bool
+    """False when ``gpu_model`` names only a family and ``device`` is its strongest part."""
+    candidates: tuple[Device, ...]
+    """Every part of the family (for an inexact match), else just ``device``."""
 
 
 def devices_file() -> Path:
-    from pytest_gpucluster.profiles.loader import shipped_thresholds_dir
-
     return shipped_thresholds_dir() / "devices.yaml"
 
 
@@ -93,41 +132,76 @@ def _load(path_text: str) -> tuple[Device, ...]:
             for e in exc.errors()
         )
         raise ProfileError(f"invalid device table {path}: {problems}") from None
-    return tuple(
-        Device(
-            key=e.key,
-            names=e.names,
-            peak_flops=e.peak_flops,
-            memory=e.memory,
-            memory_bandwidth=e.memory_bandwidth,
-            nvlink_links=e.nvlink_links,
-            nvlink_bandwidth=e.nvlink_bandwidth,
-            pcie_bandwidth=e.pcie_bandwidth,
-            nvls=e.nvls,
-            source=e.source,
-        )
-        for e in parsed.devices
-    )
+    devices = tuple(Device(**e.model_dump()) for e in parsed.devices)
+    _refuse_shared_names(devices, path)
+    return devices
 
 
-def find_device(gpu_model: str | None, devices: tuple[Device, ...] | None = None) -> Device | None:
-    """The device a profile's ``gpu_model`` names, or None when it names none we know.
+def _refuse_shared_names(devices: tuple[Device, ...], path: Path) -> None:
+    owner: dict[str, str] = {}
+    for device in devices:
+        for name in (device.key, *device.names):
+            norm = normalize_name(name)
+            if owner.setdefault(norm, device.key) != device.key:
+                raise ProfileError(
+                    f"invalid device table {path}: the name {name!r} belongs to both {owner[norm]} and "
+                    f"{device.key}; each name must identify one part"
+                )
 
-    ``gpu_model`` matches a device when it is its key, or a substring of one of its names
-    (``"H100"`` of ``"H100 SXM"``), or contains one (``"NVIDIA H100 80GB HBM3"``). Entries are
-    tried in file order; each family's first is its strongest part (SXM), so an ambiguous name
-    gets the largest peaks and a check built on them refuses only what no variant can do.
-    """
+
+_VENDOR = re.compile(r"^nvidia\s+")
+
+
+def normalize_name(name: str) -> str:
+    """Case, a leading ``NVIDIA`` and ``-``/``_``/space differences do not tell parts apart:
+    ``"NVIDIA A800-SXM4-80GB"`` and ``"a800 sxm4 80gb"`` are the same name."""
+    text = _VENDOR.sub("", name.strip().lower())
+    return " ".join(re.sub(r"[-_]", " ", text).split())
+
+
+def identify_gpu(device_name: str, devices: tuple[Device, ...] | None = None) -> Device | None:
+    """The part a driver-reported name is, by exact name; None for a part the table does not know."""
+    wanted = normalize_name(device_name)
+    if not wanted:
+        return None
+    table = load_devices() if devices is None else devices
+    for device in table:
+        if wanted in {normalize_name(n) for n in device.names}:
+            return device
+    return None
+
+
+def resolve_gpu_model(gpu_model: str | None, devices: tuple[Device, ...] | None = None) -> DeviceMatch | None:
+    """The part a profile's ``gpu_model`` names: its key or one of its names, exactly; else, when
+    it names a family (``"H100"``), the family's first part in the table (the strongest, SXM)
+    marked inexact; else None."""
     if not gpu_model or not gpu_model.strip():
         return None
     table = load_devices() if devices is None else devices
-    wanted = gpu_model.strip().lower()
+    wanted = normalize_name(gpu_model)
     for device in table:
-        if wanted == device.key:
-            return device
-    for device in table:
-        for name in device.names:
-            low = name.lower()
-            if wanted in low or low in wanted:
-                return device
+        if wanted == normalize_name(device.key) or wanted in {normalize_name(n) for n in device.names}:
+            return DeviceMatch(device, True, (device,))
+    family = tuple(d for d in table if d.family == wanted.replace(" ", ""))
+    if family:
+        return DeviceMatch(family[0], False, family)
     return None
+
+
+def find_device(gpu_model: str | None, devices: tuple[Device, ...] | None = None) -> Device | None:
+    """The part whose peaks the physics checks use for ``gpu_model`` (see :func:`resolve_gpu_model`)."""
+    match = resolve_gpu_model(gpu_model, devices)
+    return match.device if match else None
+
+
+def same_part(gpu_model: str, device_name: str, devices: tuple[Device, ...] | None = None) -> bool:
+    """Whether a GPU the driver reports is the part a profile names: both resolve to the same
+    devices.yaml entry, or (a part the table does not know) the names are equal. A family-only
+    ``gpu_model`` matches no GPU: it does not say which part."""
+    match = resolve_gpu_model(gpu_model, devices)
+    found = identify_gpu(device_name, devices)
+    if match is not None and found is not None:
+        return match.exact and match.device.key == found.key
+    if match is None and found is None:
+        return normalize_name(gpu_model) == normalize_name(device_name)
+    return False

@@ -18,11 +18,19 @@ import yaml
 from pydantic import ValidationError
 
 from pytest_gpucluster.errors import ProfileError
+from pytest_gpucluster.profiles.findings import KeyPath, format_key
+from pytest_gpucluster.profiles.paths import shipped_thresholds_dir
+from pytest_gpucluster.profiles.physics import check_profile
 from pytest_gpucluster.profiles.schema import ProfileModel
 
-__all__ = ["LoadedProfile", "find_profile", "known_profiles", "load_profile", "shipped_thresholds_dir"]
-
-KeyPath = tuple[str | int, ...]
+__all__ = [
+    "LoadedProfile",
+    "find_profile",
+    "format_key",
+    "known_profiles",
+    "load_profile",
+    "shipped_thresholds_dir",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,16 +49,6 @@ class LoadedProfile:
     @property
     def name(self) -> str:
         return self.model.name
-
-
-def shipped_thresholds_dir(package_dir: Path | None = None) -> Path:
-    """The shipped profiles: ``pytest_gpucluster/thresholds`` in an installed wheel, the top-level
-    ``thresholds/`` in a checkout (and an editable install)."""
-    package_dir = package_dir or Path(__file__).resolve().parents[1]
-    installed = package_dir / "thresholds"
-    if installed.is_dir():
-        return installed
-    return package_dir.parent / "thresholds"
 
 
 def _search_dirs(extra: Iterable[Path]) -> list[Path]:
@@ -116,13 +114,6 @@ def _line_map(node: yaml.Node, path: KeyPath = ()) -> dict[KeyPath, int]:
     return lines
 
 
-def format_key(path: Sequence[str | int]) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
-
-
 @dataclass(frozen=True, slots=True)
 class _RawProfile:
     path: Path
@@ -169,15 +160,19 @@ def _merge(base: Any, override: Any) -> Any:
 
 
 def _owner(path_key: KeyPath, chain: Sequence[_RawProfile]) -> _RawProfile:
-    """The file (child first) that defines the value at this key path."""
+    """The file (child first) that defines the value at this key path. ``extends:`` replaces lists
+    whole, so the file that holds a list owns every key inside it, even one it leaves unset."""
     for raw in chain:
         node: Any = raw.data
-        try:
-            for part in path_key:
+        for part in path_key:
+            if isinstance(node, list):
+                return raw
+            if isinstance(node, dict) and part in node:
                 node = node[part]
+            else:
+                break
+        else:
             return raw
-        except (KeyError, IndexError, TypeError):
-            continue
     return chain[0]
 
 
@@ -239,8 +234,6 @@ def load_profile(name_or_path: str, extra_dirs: Iterable[Path] = ()) -> LoadedPr
 
 def _check_physics(model: ProfileModel, chain: Sequence[_RawProfile]) -> tuple[str, ...]:
     """Raise on thresholds the hardware cannot meet; return the warnings, located like errors."""
-    from pytest_gpucluster.profiles.physics import check_profile
-
     report = check_profile(model)
 
     def located(key: KeyPath, message: str) -> str:

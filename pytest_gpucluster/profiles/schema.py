@@ -32,10 +32,24 @@ Fraction = Annotated[float, BeforeValidator(parse_fraction)]
 FlopRate = Annotated[float, BeforeValidator(parse_flops)]
 """FLOP/s; written ``"989TFLOP/s"``."""
 
+
+def _timeout(value: Any) -> Any:
+    # a timeout is seconds by convention (--job-timeout SECONDS), so a bare number is seconds
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return parse_duration(f"{value}s")
+    return parse_duration(value)
+
+
+Timeout = Annotated[float, BeforeValidator(_timeout)]
+"""Seconds; written ``"20min"``, ``"1200s"`` or a bare number of seconds."""
+
 CollectiveName = Literal[
     "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "alltoall", "sendrecv"
 ]
 Scope = Literal["intra-node", "inter-node", "full"]
+NcclAlgorithm = Literal["Ring", "Tree", "NVLS", "NVLSTree", "CollNetDirect", "CollNetChain", "PAT"]
+"""NCCL's algorithm names as ``NCCL_ALGO`` takes them and ``NCCL_DEBUG=INFO`` prints them."""
+_ALGORITHMS: dict[str, str] = {a.lower(): a for a in NcclAlgorithm.__args__}  # type: ignore[attr-defined]
 Capability = Literal["cuda", "nccl", "nvml", "nvlink", "ib", "roce", "efa", "slurm", "mpi", "multi-node"]
 
 
@@ -53,7 +67,10 @@ class ClusterSection(Section):
     )
     device: Literal["cpu", "cuda"] = "cuda"
     gpu_model: str | None = Field(
-        None, description="Substring of the device name, e.g. 'H200' matches 'NVIDIA H200'."
+        None,
+        description="The GPU part: its name as the driver reports it, without 'NVIDIA ' ('H100 80GB HBM3', "
+        "'A800-SXM4-80GB', 'H200'), or a devices.yaml key ('h100-sxm'). Matched whole, never as a "
+        "substring: 'GH200 480GB' is not 'H200', 'H100 PCIe' is not 'H100 80GB HBM3'.",
     )
     gpu_memory: Size | None = None
     backend: Literal["gloo", "nccl"] = "nccl"
@@ -109,6 +126,17 @@ class CollectiveCheck(Section):
     min_busbw: Bandwidth | None = None
     max_latency: Duration | None = None
     source: str | None = Field(None, description="Where the number comes from (seed, public figure).")
+    algo: NcclAlgorithm | None = Field(
+        None,
+        description="The NCCL algorithm the floor was measured with. Required where the floor is above "
+        "what Ring can reach (NVLS inside an NVSwitch node, Tree/NVLSTree/CollNet across nodes); the "
+        "job of the check's scope must then run with it (collectives.scope_env).",
+    )
+
+    @field_validator("algo", mode="before")
+    @classmethod
+    def _algo_any_case(cls, value: Any) -> Any:
+        return _ALGORITHMS.get(value.strip().lower(), value) if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _has_threshold(self) -> CollectiveCheck:
@@ -117,11 +145,32 @@ class CollectiveCheck(Section):
         return self
 
 
+def env_mapping(env: Any) -> Any:
+    """An environment as a profile writes it -> ``{NAME: "value"}``; bad names or values refused."""
+    if isinstance(env, dict):
+        for key, value in env.items():
+            if not isinstance(key, str) or not key.isidentifier():
+                raise ValueError(f"environment variable name {key!r} is not a valid name")
+            if isinstance(value, (dict, list)):
+                raise ValueError(f"{key} must be a string or number, got {type(value).__name__}")
+        return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in env.items()}
+    return env
+
+
+EnvMapping = Annotated[dict[str, str], BeforeValidator(env_mapping)]
+
+
 class CollectivesSection(Section):
     repeat: int = Field(3, ge=1, description="Each point is measured this many times; the median is gated.")
     sweep: SweepSettings = Field(default_factory=SweepSettings)
     checks: tuple[CollectiveCheck, ...] = ()
     nccl_tests_dir: str | None = None
+    scope_env: dict[Scope, EnvMapping] = Field(
+        default_factory=dict,
+        description="NCCL environment for the sweep job of one scope only, over nccl_env: e.g. "
+        "{inter-node: {NCCL_ALGO: 'allreduce:Tree'}} runs the 2-node job with the algorithm its floor "
+        "assumes without forcing it on the intra-node job or on training.",
+    )
 
 
 class NetPluginExpectation(Section):
@@ -175,6 +224,11 @@ class SftCase(Section):
     warmup_steps: int = Field(2, ge=0)
     gradient_checkpointing: bool = False
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = None
+    timeout: Timeout | None = Field(
+        None,
+        description="Job timeout for this case (each of its launches, scaling steps included); default: "
+        "--job-timeout. profiles check holds it against the case's estimated run time.",
+    )
     max_step_time: Duration | None = None
     min_samples_per_s: float | None = Field(None, gt=0)
     min_tokens_per_s_per_gpu: float | None = Field(None, gt=0)
@@ -182,6 +236,18 @@ class SftCase(Section):
     max_peak_memory: Size | None = None
     min_gpu_util: Fraction | None = None
     source: str | None = None
+
+    @model_validator(mode="after")
+    def _offload_fits_the_stage(self) -> SftCase:
+        # DeepSpeed's own rules (workloads/sft.py checks them again on the ranks)
+        if self.offload == "optimizer+params" and self.zero_stage != 3:
+            raise ValueError(
+                f"offload {self.offload!r} needs zero_stage 3 (parameter offload is ZeRO-3 only), "
+                f"got zero_stage {self.zero_stage}"
+            )
+        if self.offload == "optimizer" and self.zero_stage == 0:
+            raise ValueError("offload 'optimizer' needs zero_stage 1, 2 or 3 (ZeRO-Offload), got 0")
+        return self
 
 
 class ScalingStep(Section):
@@ -259,7 +325,12 @@ class ProfileModel(Section):
     description: str
     extends: str | None = None
     cluster: ClusterSection
-    nccl_env: dict[str, str] = Field(default_factory=dict)
+    nccl_env: EnvMapping = Field(default_factory=dict)
+    nccl_env_prefix_match: tuple[str, ...] = Field(
+        (),
+        description="Variables of nccl_env whose entries are meant as prefixes (NCCL_IB_HCA: mlx5 for "
+        "every mlx5 device): silences the warning that 'mlx5_1' also selects mlx5_10..mlx5_19.",
+    )
     collectives: CollectivesSection = Field(default_factory=CollectivesSection)
     nccl: NcclSection | None = None
     nvlink: NvlinkSection | None = None
@@ -267,18 +338,6 @@ class ProfileModel(Section):
     scaling: ScalingSection | None = None
     burnin: BurninSection = Field(default_factory=BurninSection)
     versions: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("nccl_env", mode="before")
-    @classmethod
-    def _env_values_are_strings(cls, env: Any) -> Any:
-        if isinstance(env, dict):
-            for key, value in env.items():
-                if not isinstance(key, str) or not key.isidentifier():
-                    raise ValueError(f"environment variable name {key!r} is not a valid name")
-                if isinstance(value, (dict, list)):
-                    raise ValueError(f"{key} must be a string or number, got {type(value).__name__}")
-            return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in env.items()}
-        return env
 
     @model_validator(mode="after")
     def _scaling_case_exists(self) -> ProfileModel:

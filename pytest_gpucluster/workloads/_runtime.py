@@ -8,7 +8,8 @@ rank starts fast and a broken plugin module cannot break a rank.
 The contract with the parent (the launcher side), all inside the job directory:
 
 - ``job.json``           written by the parent: ``{"workload": "pkg.mod:func", "options": {...},
-                         "backend": "gloo"|"nccl", "timeout_s": float, "env": {...}}``
+                         "backend": "gloo"|"nccl", "timeout_s": float, "hard_deadline_s": float,
+                         "env": {...}}``; past ``hard_deadline_s`` a rank dumps its stack and exits
 - ``rank-<i>.json``      written by rank i, atomically: first with ``"status": "running"``, then
                          ``"ok"`` (with ``"value"``), ``"error"`` (with ``"error"``) or ``"skipped"``
 - ``rank-<i>.log``       rank i's stdout and stderr, and its stack dump if it hung
@@ -29,6 +30,9 @@ JOB_FILE = "job.json"
 PROGRESS_FILE = "progress.log"
 JOB_ID_ENV = "GPUCLUSTER_JOB_ID"
 """Set in the environment of every process of a job, so the parent can find (and kill) them all."""
+SESSION_ENV = "GPUCLUSTER_SESSION"
+"""Set beside the job id: ``host:pid:start`` of the pytest session that launched the job, so a
+later session can tell a leftover of a dead session from a job of a live one."""
 
 
 def rank_result_path(job_dir: Path, rank: int) -> Path:

@@ -6,6 +6,12 @@ that every partial result the backend can form is exact: sums stay below the dty
 exact integer, products are of +-1, max/min and the non-reducing collectives use values below
 97. So a float result either equals the expected value or is wrong; the small tolerance only
 covers avg's final division. Rank side: the standard library and the torch module handed in.
+
+Memory: filling and checking work through the buffer ``chunk`` elements at a time, so their
+temporaries (int64 indices, the expected values in float64, the comparison) are a fixed few
+tens of MiB whatever the size. Building them over the whole buffer at once cost ~12x the
+buffer: at the 16 GiB all_reduce size every 8-GPU profile sweeps, that is over 200 GiB and the
+sweep job dies (``benchmarks/check_memory.py`` measures the bound).
 """
 
 from __future__ import annotations
@@ -27,8 +33,8 @@ _EXACT_INT = {
 }
 """The largest integer each dtype holds exactly (or its maximum): the bound for sum inputs."""
 _RTOL = {"float32": 1e-6, "float64": 1e-12, "bfloat16": 1e-2, "float16": 1e-3}
-_CHUNK = 1 << 22
-"""Elements compared at a time, so the check of a 1 GiB buffer needs no 8 GiB of int64."""
+CHUNK_ELEMENTS = 1 << 20
+"""Elements filled or compared at a time: ~8 temporaries of 8 bytes each, about 64 MiB at most."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,7 @@ class SweepData:
     rank: int
     nranks: int
     root: int
+    chunk: int = CHUNK_ELEMENTS
 
     def pattern(self, src_rank: int, start: int, length: int, rep: int) -> Any:
         """Rank ``src_rank``'s input elements ``start..start+length`` as exact int64 values."""
@@ -55,6 +62,13 @@ class SweepData:
             return torch.ones_like(k) if self.dtype == "uint8" else 1 - 2 * ((k + src_rank + rep) % 2)
         bound = max(1, min(100, _EXACT_INT[self.dtype] // self.nranks))  # sum, avg
         return mixed % (bound + 1)
+
+    def fill(self, tensor: Any, src_rank: int, rep: int) -> None:
+        """Write rank ``src_rank``'s input pattern into ``tensor`` (1-D), chunk by chunk."""
+        total = tensor.numel()
+        for i in range(0, total, self.chunk):
+            step = min(self.chunk, total - i)
+            tensor[i : i + step].copy_(self.pattern(src_rank, i, step, rep))
 
     def reduced(self, start: int, length: int, rep: int) -> Any:
         """The reduction over all ranks of their inputs at ``start..start+length``."""
@@ -95,8 +109,8 @@ class SweepData:
         atol = 1.0 if (self.op == "avg" and self.dtype not in _RTOL) else 0.0  # integer avg rounds
         wrong = 0
         for offset, length, src, src_start in self.segments(lay):
-            for i in range(0, length, _CHUNK):
-                step = min(_CHUNK, length - i)
+            for i in range(0, length, self.chunk):
+                step = min(self.chunk, length - i)
                 if src is None:
                     expected = self.reduced(src_start + i, step, rep).double()
                 else:

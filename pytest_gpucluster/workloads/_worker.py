@@ -7,6 +7,10 @@ thread dropping the last reference to a tensor while Python finalizes;
 pytorch/pytorch#190489). Tearing the group down and ending with ``os._exit`` after
 flushing avoids it.
 
+The rank dies with its parent (``PR_SET_PDEATHSIG``, `workloads._parent_death`) and, at the
+job's hard deadline, ends itself with a stack dump in its log (`_end_at_hard_deadline`): no
+rank outlives the agent that started it, or the job's time.
+
 Like the rest of ``workloads/``, this depends on the standard library and torch only.
 """
 
@@ -27,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pytest_gpucluster.workloads._parent_death import die_with_parent
 from pytest_gpucluster.workloads._runtime import (
     JOB_FILE,
     RankContext,
@@ -109,7 +114,22 @@ def _remove_deepspeed_shm(identity: RankIdentity) -> None:
             segment.unlink()
 
 
+def _end_at_hard_deadline(job: dict[str, Any], log: Any) -> None:
+    """Past the job's hard deadline (its timeout plus a grace), dump every thread's stack into
+    the log and exit, even if nobody is left to kill this rank. faulthandler's timer is a C
+    thread: it fires even while Python code cannot run (a collective holding the GIL)."""
+    deadline = float(job.get("hard_deadline_s") or 0)
+    if deadline <= 0:
+        return
+    when = time.strftime("%H:%M:%S", time.localtime(time.time() + deadline))
+    print(f"gpucluster: this rank ends itself at {when} ({deadline:g} s from now) if it is still running")
+    faulthandler.dump_traceback_later(deadline, exit=True, file=log)
+
+
 def run(job_dir: Path) -> int:
+    parent = os.getppid()
+    # An agent that dies (killed, or its guard gone) takes its ranks with it.
+    die_with_parent(signal.SIGKILL, expected_parent=parent)
     job = json.loads((job_dir / JOB_FILE).read_text(encoding="utf-8"))
     os.environ.update({str(k): str(v) for k, v in (job.get("env") or {}).items()})
     identity = RankIdentity.from_environ()
@@ -119,8 +139,7 @@ def run(job_dir: Path) -> int:
     # The parent sends SIGUSR1 to a hung rank before killing it, so its log shows where it hung.
     faulthandler.register(signal.SIGUSR1, file=log, all_threads=True)
     timeout_s = float(job.get("timeout_s") or 0)
-    if timeout_s > 0:
-        faulthandler.dump_traceback_later(timeout_s, exit=False, file=log)
+    _end_at_hard_deadline(job, log)
 
     result_path = rank_result_path(job_dir, identity.rank)
     record: dict[str, Any] = {
@@ -176,8 +195,7 @@ def run(job_dir: Path) -> int:
         record.update(status="error", error={"type": "TypeError", "message": str(exc), "traceback": ""})
         write_json_atomic(result_path, record)
         exit_code = 1
-    faulthandler.cancel_dump_traceback_later()
-    _teardown()
+    _teardown()  # still under the hard deadline: a teardown that hangs ends there too
     _remove_deepspeed_shm(identity)
     sys.stdout.flush()
     sys.stderr.flush()

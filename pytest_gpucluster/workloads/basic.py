@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -54,3 +56,20 @@ def hold_memory(ctx: RankContext) -> dict[str, Any]:
     block[::4096] = b"\x01" * len(block[::4096])
     del block
     return {"rank": ctx.rank, "peak_rss_bytes": peak_rss_bytes()}
+
+
+def hang_leaving_a_helper(ctx: RankContext) -> dict[str, Any]:
+    """Rank ``rank`` starts a helper in a session of its own, as a careless workload's server
+    would, then hangs. The helper carries the job id but no parent-death signal: it outlives
+    the rank unless the job is reaped by job id."""
+    if ctx.rank == int(ctx.options.get("rank", 1)):
+        subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(600)"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        while True:
+            time.sleep(1)
+    return {"rank": ctx.rank}

@@ -218,12 +218,11 @@ class _Bench:
         out.zero_()
         if self.coll == "broadcast" and self.rank != self.opts.root:
             return
-        values = self.data.pattern(self.rank, 0, inp.numel(), rep).to(self.dtype)
         if self.coll in ("all_reduce", "reduce", "broadcast") and not in_place:
-            self.send_full[: lay.count].copy_(values)
+            self.data.fill(self.send_full[: lay.count], self.rank, rep)
             inp.copy_(self.send_full[: lay.count])  # untimed: the copy "out-of-place" stands for
         else:
-            inp.copy_(values)
+            self.data.fill(inp, self.rank, rep)
 
     def count_wrong(self, lay: Layout, in_place: bool, rep: int) -> int:
         return self.data.count_wrong(self.buffers(lay, in_place)[1], lay, rep)

@@ -1,22 +1,19 @@
 """Pairwise localization for real: four network namespaces stand in for four nodes, one made slow.
 
-The namespaces hang off one bridge (in a fifth, "switch" namespace, so the host's own network is
-never touched), each with its own hostname and /etc/hosts (the ``netns`` remote-exec preset,
-FEASIBILITY §1 variant B). One node's link is throttled with ``tc ... tbf rate 100mbit`` on its
-veth (``netem`` delay is not available here): a slow NIC, as a real cluster has them. Where tbf is
-refused, the slow node sleeps in every iteration instead (``slow_hosts``, keyed by hostname), and
-the test says so. Where namespaces cannot be made at all, each "node" is a local rank in one job
+The namespaces come from `pytest_gpucluster.testbed.netns`: four nodes on one bridge (in a fifth,
+"switch" namespace, so the host's own network is never touched), each with its own hostname and
+/etc/hosts (the ``netns`` remote-exec preset, FEASIBILITY §1 variant B). One node's link is
+throttled with ``tc ... tbf rate 100mbit`` in both directions (``netem`` delay is not available
+here): a slow NIC, as a real cluster has them. Where tbf is refused, the slow node sleeps in
+every iteration instead (``slow_hosts``, keyed by hostname), and the test says so. Where namespaces cannot be made at all, each "node" is a local rank in one job
 (``LocalGroupRunner``), and the test prints why.
 
-Names are unique per xdist worker and process; everything is removed in the finalizer.
+Names are unique per xdist worker and process; the testbed removes everything afterwards.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +28,7 @@ from pytest_gpucluster.cluster.spec import ClusterSpec
 from pytest_gpucluster.launch import get_launcher
 from pytest_gpucluster.launch.job import Cluster
 from pytest_gpucluster.launch.process import find_job_pids
+from pytest_gpucluster.testbed.netns import NetnsUnavailable, TestbedError, create_testbed, tbf_args
 
 pytestmark = pytest.mark.skipif(
     get_launcher("torchrun").available() is not None, reason="torch is not installed"
@@ -45,10 +43,6 @@ TOLERANCE = 1.0
 """A pair at half the healthy busbw fails; a 100 Mbit/s link is ~40x below a veth."""
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
-
-
 @dataclass(frozen=True)
 class Nodes:
     names: tuple[str, ...]
@@ -60,69 +54,25 @@ class Nodes:
 
 @pytest.fixture(scope="module")
 def four_nodes() -> Iterator[Nodes]:
-    missing = [tool for tool in ("ip", "unshare", "tc") if shutil.which(tool) is None]
-    if missing:
-        yield Nodes(
-            (), f"'{missing[0]}' is not installed, so network namespaces cannot stand in for nodes", {}
-        )
-        return
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw")
-    index = int(worker[2:]) if worker[2:].isdigit() else 99
-    pid = os.getpid() % 100000
-    tag = f"gpb{index}p{pid}"
-    switch = f"{tag}sw"
-    names = tuple(f"{tag}n{i}" for i in range(NODES))
-    subnet = f"10.79.{100 + index % 100}"
-    made: list[str] = []
-    etc_dirs: list[Path] = []
     try:
+        bed = create_testbed(NODES)
+    except NetnsUnavailable as exc:
+        yield Nodes((), str(exc), {})
+        return
+    with bed:
         try:
-            _ip("netns", "add", switch)
-        except (subprocess.CalledProcessError, OSError) as exc:
-            reason = (getattr(exc, "stderr", "") or str(exc)).strip()
+            bed.set_rate(bed.nodes[SLOW], RATE)
+        except TestbedError as exc:
+            print(f"tc tbf was refused ({exc}); the slow node sleeps 20 ms per iteration instead")
             yield Nodes(
-                (), f"network namespaces cannot be created here ('ip netns add' failed: {reason})", {}
+                bed.names,
+                f"20 ms sleep per iteration (tc tbf refused: {exc})",
+                {"slow_hosts": {bed.names[SLOW]: 0.02}},
             )
             return
-        made.append(switch)
-        _ip("-n", switch, "link", "add", "br0", "type", "bridge")
-        _ip("-n", switch, "link", "set", "br0", "up")
-        hosts = "127.0.0.1 localhost\n" + "".join(f"{subnet}.{i + 1} {n}\n" for i, n in enumerate(names))
-        for i, ns in enumerate(names):
-            _ip("netns", "add", ns)
-            made.append(ns)
-            node_end, switch_end = f"gb{pid}w{index}a{i}", f"gb{pid}w{index}b{i}"
-            _ip("link", "add", node_end, "type", "veth", "peer", "name", switch_end)
-            _ip("link", "set", node_end, "netns", ns)
-            _ip("link", "set", switch_end, "netns", switch)
-            _ip("-n", ns, "link", "set", node_end, "name", "gpc0")
-            _ip("-n", ns, "addr", "add", f"{subnet}.{i + 1}/24", "dev", "gpc0")
-            _ip("-n", ns, "link", "set", "gpc0", "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-            _ip("-n", switch, "link", "set", switch_end, "master", "br0")
-            _ip("-n", switch, "link", "set", switch_end, "up")
-            etc = Path("/etc/netns") / ns
-            etc.mkdir(parents=True, exist_ok=True)
-            etc_dirs.append(etc)
-            (etc / "hosts").write_text(hosts)
-        shaping = ["tc", "-n", names[SLOW], "qdisc", "add", "dev", "gpc0", "root", "tbf"]
-        shaping += ["rate", RATE, "burst", "32kbit", "latency", "400ms"]
-        done = subprocess.run(shaping, capture_output=True, text=True, timeout=30)
-        if done.returncode == 0:
-            yield Nodes(names, f"its link throttled to {RATE} ({shell_line(shaping)})", {})
-        else:
-            why = (done.stderr or done.stdout).strip()
-            print(f"tc tbf was refused ({why}); the slow node sleeps 20 ms per iteration instead")
-            yield Nodes(
-                names,
-                f"20 ms sleep per iteration (tc tbf refused: {why})",
-                {"slow_hosts": {names[SLOW]: 0.02}},
-            )
-    finally:
-        for ns in made:  # deleting a namespace also removes its ends of the veth pairs
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
-        for etc in etc_dirs:
-            shutil.rmtree(etc, ignore_errors=True)
+        yield Nodes(
+            bed.names, f"its link throttled to {RATE} both ways ({shell_line(['tc', *tbf_args(RATE)])})", {}
+        )
 
 
 def test_pairwise_names_the_slow_node_of_four_within_two_rounds(four_nodes: Nodes, tmp_path: Path) -> None:

@@ -291,3 +291,45 @@ def test_cancel_by_name_cancels_a_running_job_through_scancel(slurm_cluster, tmp
         if srun.poll() is None:
             os.killpg(srun.pid, signal.SIGKILL)
             srun.wait()
+
+
+HANGING_SLURM_JOB = """
+from pytest_gpucluster.cluster.spec import ClusterSpec
+from pytest_gpucluster.launch import get_launcher
+from pytest_gpucluster.launch.job import Cluster
+
+
+def test_rank_1_hangs_under_slurm(gpucluster_session):
+    import os
+
+    spec = ClusterSpec(hosts=((os.environ["TEST_SLURM_NODE"], 2),), nproc_per_node=2, source="slurm")
+    cluster = Cluster(spec, get_launcher("slurm"), gpucluster_session.results_dir / "jobs")
+    cluster.run("pytest_gpucluster.workloads.basic:hang_on_rank", options={"rank": 1}, timeout=300)
+"""
+
+
+def _slurm_id(slurm_cluster, name: str) -> str:
+    [line] = [line for line in slurm_cluster.jobs() if name in line]
+    return line.split()[0]
+
+
+def _cancelled_through_slurm(slurm_cluster, slurm_id: str) -> bool:
+    """slurmctld logged a kill request for the job: scancel ran, not just a local kill."""
+    log = (slurm_cluster.dir / "slurmctld.log").read_text(errors="replace")
+    return f"REQUEST_KILL_JOB JobId={slurm_id} " in log
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "kill-9"])
+def test_killing_pytest_cancels_the_step_and_leaves_no_process(slurm_cluster, spawn_pytest, sig):
+    """SIGTERM: the plugin's Ctrl-C path runs the cancel; kill -9: the guard around srun does."""
+    run = spawn_pytest(HANGING_SLURM_JOB, "--hw=cpu-local", env={"TEST_SLURM_NODE": slurm_cluster.node})
+    job = run.wait_for_hung_rank()
+    slurm_id = _slurm_id(slurm_cluster, job.name)
+    os.kill(run.pid, sig)
+    gone = slurm_cluster.wait_until(lambda: not any(job.name in line for line in slurm_cluster.jobs()), 15)
+    assert gone, slurm_cluster.jobs()
+    assert slurm_cluster.steps() == [], slurm_cluster.steps()
+    assert slurm_cluster.wait_until(lambda: _no_worker_left(job.name), 15)
+    assert _cancelled_through_slurm(slurm_cluster, slurm_id)
+    expected = pytest.ExitCode.INTERRUPTED if sig == signal.SIGTERM else -signal.SIGKILL
+    assert run.wait(30) == expected, run.output()

@@ -94,9 +94,10 @@ def measurements(tmp_path: Path) -> dict[str, dict]:
 
 def test_seed_log_passes_for_the_efa_profile(run, tmp_path):
     result = run("--hw=aws-g6e-efa", f"--nccl-log={EFA}")
-    result.assert_outcomes(passed=6)
+    result.assert_outcomes(passed=7)
     got = measurements(tmp_path)
     assert sorted(got) == [
+        "nccl.errors",
         "nccl.gdr",
         "nccl.net_plugin",
         "nccl.net_plugin_version",
@@ -107,19 +108,20 @@ def test_seed_log_passes_for_the_efa_profile(run, tmp_path):
     ]
     assert {m["verdict"] for m in got.values()} == {"pass"}
     assert got["nccl.network"]["labels"] == {"expected": "Libfabric", "found": "Libfabric"}
-    assert got["nccl.net_plugin"]["labels"]["found"] == "aws-ofi-nccl 1.16.2"
+    assert got["nccl.net_plugin"]["labels"]["found"] == "aws-ofi-nccl 1.16.2 (Libfabric)"
+    assert got["nccl.errors"]["value"] == 0
     assert got["nccl.ranks_agree"]["labels"] == {"ranks": 4, "differ_on": "nothing"}
 
 
 def test_same_log_fails_spectrum_x_quoting_network_and_plugin_lines(run, tmp_path):
     result = run("--hw=h200-spectrumx", f"--nccl-log={EFA}", "--tb=line")
-    result.assert_outcomes(passed=2, failed=3)
+    result.assert_outcomes(passed=3, failed=3)
     result.stdout.fnmatch_lines(
         [
             "*nccl.network (expected=IB, found=Libfabric): *The log says *efa_libfabric_aws_ofi_2.27.3.log:81: "
             "llama-3-8b-node-0-0:194:724 [[]3] NCCL INFO Using network Libfabric*",
-            "*nccl.net_plugin (expected=none, found=aws-ofi-nccl 1.16.2): *The log says "
-            "*:24: * NCCL INFO NET/OFI Initializing aws-ofi-nccl 1.16.2*NCCL_NET_PLUGIN*",
+            "*nccl.net_plugin (expected=none, found=aws-ofi-nccl 1.16.2 (Libfabric)): *The log says "
+            "*:17: * NCCL INFO NET/Plugin: Loaded net plugin Libfabric (v10)*NCCL_NET_PLUGIN*",
             "*nccl.gdr (expected=on, found=off): *disabling GDR*",
         ]
     )
@@ -132,15 +134,15 @@ def test_same_log_fails_spectrum_x_quoting_network_and_plugin_lines(run, tmp_pat
 
 @pytest.mark.skipif(not SEED.is_file(), reason=f"the seed file {SEED} is not beside this checkout")
 def test_the_seed_file_itself_with_its_prose_around_the_log(run):
-    run("--hw=aws-g6e-efa", f"--nccl-log={SEED}").assert_outcomes(passed=6)
-    run("--hw=h200-spectrumx", f"--nccl-log={SEED}").assert_outcomes(passed=2, failed=3)
+    run("--hw=aws-g6e-efa", f"--nccl-log={SEED}").assert_outcomes(passed=7)
+    run("--hw=h200-spectrumx", f"--nccl-log={SEED}").assert_outcomes(passed=3, failed=3)
 
 
 def test_without_nccl_and_without_a_log_the_launched_variant_skips_naming_what_is_missing(run):
     result = run("--hw=aws-g6e-efa")
-    result.assert_outcomes(skipped=6)
+    result.assert_outcomes(skipped=7)
     result.stdout.fnmatch_lines(
-        ["SKIPPED [[]6] *needs nccl: no CUDA device on testhost (no nvidia-smi, no /dev/nvidia*)"]
+        ["SKIPPED [[]7] *needs nccl: no CUDA device on testhost (no nvidia-smi, no /dev/nvidia*)"]
     )
 
 
@@ -150,7 +152,7 @@ def test_several_files_by_glob_name_the_rank_without_the_plugin(run, tmp_path):
     shutil.copyfile(EFA, job / "node0.log")
     shutil.copyfile(SOCKET_NO_PLUGIN, job / "node1.log")
     result = run("--hw=aws-g6e-efa", f"--nccl-log={job}/*.log", "--tb=line")
-    result.assert_outcomes(passed=5, failed=1)
+    result.assert_outcomes(passed=6, failed=1)
     result.stdout.fnmatch_lines(
         [
             "*nccl.ranks_agree (ranks=5, differ_on=*agreement.network*agreement.net_plugin*"
@@ -162,13 +164,13 @@ def test_several_files_by_glob_name_the_rank_without_the_plugin(run, tmp_path):
 
 def test_a_log_path_that_matches_nothing_fails_naming_it(run, tmp_path):
     result = run("--hw=aws-g6e-efa", f"--nccl-log={tmp_path}/missing.log")
-    result.assert_outcomes(errors=6)
+    result.assert_outcomes(errors=7)
     result.stdout.fnmatch_lines([f"*--nccl-log {tmp_path}/missing.log: no such file*"])
 
 
 def test_a_profile_without_an_nccl_section_skips_the_expectations(run):
     result = run("--hw=cpu-local", f"--nccl-log={EFA}")
-    result.assert_outcomes(passed=1, skipped=1)
+    result.assert_outcomes(passed=2, skipped=1)
     result.stdout.fnmatch_lines(
         ["SKIPPED*profile cpu-local has no nccl: section, so there is nothing to compare the NCCL log with"]
     )
@@ -181,7 +183,7 @@ def test_launched_variant_reads_every_rank_log_and_warns_on_nccl_env_typos(
     monkeypatch.setenv("NCCL_IB_HCAS", "mlx5_0")
     pytester.makeconftest(FAKE_CLUSTER.format(rank_logs=[str(EFA), str(EFA)]))
     result = run("--hw=aws-g6e-efa", "-W", "always::pytest_gpucluster.errors.GpuClusterWarning")
-    result.assert_outcomes(passed=6)
+    result.assert_outcomes(passed=7)
     result.stdout.fnmatch_lines(
         [
             "*GpuClusterWarning: NCCL_IB_HCAS is not an NCCL environment variable, so NCCL ignores it; "
@@ -199,3 +201,46 @@ def test_launched_variant_reads_every_rank_log_and_warns_on_nccl_env_typos(
     assert data["nccl_env"]["NCCL_IB_HCAS"] == "mlx5_0"
     got = measurements(tmp_path)
     assert got["nccl.network"]["verdict"] == "pass"
+
+
+NETWORK_NOT_FOUND = LOGS / "network_not_found_ofi_cscs_docs.log"  # its only problem is one WARN line
+IBV_CREATE_QP = LOGS / "ibv_create_qp_ibext_2.8.3_nccl562.log"
+BENIGN_WARN = LOGS / "collnet_ignored_warn_gdrdma_p2p_read_nccl_tests133.log"
+
+
+def test_a_failing_warn_fails_the_run_quoting_the_line(run, tmp_path):
+    """GPU behaviour: a node whose aws-ofi-nccl plugin is missing makes NCCL print
+    ``net.cc:626 NCCL WARN Error: network AWS Libfabric not found.`` -- a WARN, yet the job cannot
+    communicate. ``--nccl-log`` of that log fails ``test_nccl_reported_no_errors`` and the failure
+    quotes the file, the line number and the line."""
+    result = run("--hw=cpu-local", f"--nccl-log={NETWORK_NOT_FOUND}", "--tb=line")
+    result.assert_outcomes(failed=1, skipped=2)  # one rank: nothing to compare; no nccl: section
+    result.stdout.fnmatch_lines(
+        [
+            "*nccl.errors (found=1 error line(s): network not found): measured 1 lines, expected at most 0*"
+            "the log says *network_not_found_ofi_cscs_docs.log:3: nid006365:180142:180163 [[]0] net.cc:626 "
+            "NCCL WARN Error: network AWS Libfabric not found.*Next: read the quoted lines*"
+        ]
+    )
+    got = measurements(tmp_path)
+    assert (got["nccl.errors"]["verdict"], got["nccl.errors"]["value"]) == ("fail", 1)
+
+
+def test_verbs_failures_on_several_ranks_quote_the_first_line_of_each(run):
+    """GPU behaviour: ``ibv_create_qp`` failing on three GPUs of one A100 node (NCCL 2.8.3): the
+    failure names the kind (verbs call) and quotes the first rank's WARN line."""
+    result = run("--hw=aws-g6e-efa", f"--nccl-log={IBV_CREATE_QP}", "-k", "errors", "--tb=line")
+    result.assert_outcomes(failed=1, deselected=6)
+    result.stdout.fnmatch_lines(
+        [
+            "*nccl.errors (found=3 error line(s): verbs call failed)*ibv_create_qp_ibext_2.8.3_nccl562.log:4: "
+            "hai-a100-3:3778851:3779883 [[]4] ibvwrap.c:130 NCCL WARN Call to ibv_create_qp failed*"
+        ]
+    )
+
+
+def test_a_benign_warn_does_not_fail_the_run(run, tmp_path):
+    """GPU behaviour: NCCL 2.1x on two 8-GPU nodes prints ``NCCL WARN CollNet is not supported or fails
+    to initialize, ignoring NCCL_ALGO=COLLNET`` and carries on over IB with GDRDMA: not an error."""
+    run("--hw=cpu-local", f"--nccl-log={BENIGN_WARN}", "-k", "errors").assert_outcomes(passed=1, deselected=2)
+    assert measurements(tmp_path)["nccl.errors"]["verdict"] == "pass"

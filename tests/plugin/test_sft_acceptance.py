@@ -50,7 +50,7 @@ def test_a_seed_case_becomes_workload_options_the_workload_accepts():
     assert options == {
         "model": "llama2-13b",
         "zero_stage": 2,
-        "offload": [],
+        "offload": ["optimizer"],  # seed 000's ds_config_zero2.json offloads the optimizer
         "precision": "fp16",
         "micro_batch": 2,
         "grad_accum": 4,

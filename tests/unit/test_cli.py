@@ -75,3 +75,78 @@ def test_parse_hostfile_bad_line(capsys, tmp_path):
     code, _, err = run(capsys, "parse", "hostfile", str(hostfile))
     assert code == 2
     assert ":2:" in err and "lots" in err
+
+
+@pytest.mark.parametrize(
+    ("kind", "path", "check"),
+    [
+        (
+            "ib-ports",
+            "infiniband/ibstat_h100_roce_two_down_polling_gpud.txt",
+            lambda d: (
+                sorted(p["device"] for p in d["ib_ports"] if p["state"] == "DOWN") == ["mlx5_11", "mlx5_5"]
+            ),
+        ),
+        (
+            "ib-ports",
+            "infiniband/ibv_devinfo_vv_cx6_hdr_second_port_disabled_ucx9908.txt",
+            lambda d: [p["rate_gbps"] for p in d["ib_ports"]] == [200.0, None],
+        ),
+        (
+            "ib-ports",
+            "infiniband/sysfs_counters_for_loop_saturated_gpud943.txt",
+            lambda d: d["ib_ports"][0]["counters"]["link_downed"] == 255,
+        ),
+        (
+            "dcgm-diag",
+            "dcgm/diag_4.2.3_gb10_software_fail.json",
+            lambda d: d["failures"] == ["software: GPU 0"],
+        ),
+        (
+            "dcgm-diag",
+            "dcgm/diag_text_3.x_8gpu_gpu0_memory_fail_excerpt_mlengineering.txt",
+            lambda d: d["failures"] == ["GPU Memory: GPU 0"],
+        ),
+        (
+            "ecc",
+            "nvidia_smi/ecc_q_rtx4090x8_disabled_first2_535.154.05_gpud.txt",
+            lambda d: [(g["mode_current"], g["mode_pending"]) for g in d] == [(False, False)] * 2,
+        ),
+    ],
+)
+def test_parse_fabric_dcgm_and_ecc_kinds_print_json(capsys, kind, path, check):
+    code, out, _ = run(capsys, "parse", kind, str(DATA / path))
+    assert code == 0
+    assert check(json.loads(out))
+
+
+def test_parse_ib_ports_reads_a_fabric_probe_snapshot(capsys, tmp_path):
+    from pytest_gpucluster.workloads.fabric_probe import snapshot
+
+    path = tmp_path / "node7.json"
+    path.write_text(json.dumps(snapshot(DATA / "infiniband" / "sysfs_h100_gpud", node="node7")))
+    code, out, _ = run(capsys, "parse", "ib-ports", str(path))
+    assert code == 0
+    ports = json.loads(out)["ib_ports"]
+    assert [(p["node"], p["device"], p["rate_gbps"]) for p in ports[:1]] == [("node7", "mlx5_0", 400.0)]
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "words"),
+    [
+        ("ib-ports", "no ports here\n", "not an ibstat"),
+        ("ib-ports", "CA 'mlx5_0'\n\tCA type: MT4129\n", "no \"CA '<device>'\" block with a 'Port N:'"),
+        ("dcgm-diag", '{"DCGM GPU Diagnostic": {"test_categories": [', "malformed JSON at line 1"),
+        ("dcgm-diag", "Error: unable to connect to host engine\n", "no JSON object found"),
+        ("ecc", "Driver Version : 535.161.08\n", "no 'ECC Mode' section"),
+    ],
+)
+def test_parse_fabric_dcgm_and_ecc_without_usable_data_exit_2_naming_the_file(
+    capsys, tmp_path, kind, text, words
+):
+    path = tmp_path / "recorded.txt"
+    path.write_text(text)
+    code, out, err = run(capsys, "parse", kind, str(path))
+    assert code == 2 and out == ""
+    assert str(path) in err and words in err
+    assert "Traceback" not in err

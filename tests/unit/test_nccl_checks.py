@@ -71,7 +71,7 @@ def test_seed_log_meets_every_efa_expectation() -> None:
     assert [(f.metric, f.found, f.ok) for f in findings] == [
         ("nccl.version", "2.27.3+cuda12.9", True),
         ("nccl.network", "Libfabric", True),
-        ("nccl.net_plugin", "aws-ofi-nccl 1.16.2", True),
+        ("nccl.net_plugin", "aws-ofi-nccl 1.16.2 (Libfabric)", True),
         ("nccl.net_plugin_version", "1.16.2", True),
         ("nccl.provider", "efa", True),
         ("nccl.gdr", "off", True),
@@ -90,10 +90,10 @@ def test_seed_log_against_spectrum_x_names_network_plugin_and_gdr() -> None:
     assert (network.expected, network.found) == ("IB", "Libfabric")
     assert network.evidence.endswith("NCCL INFO Using network Libfabric")
     plugin = found["net_plugin"]
-    assert (plugin.expected, plugin.found) == ("none", "aws-ofi-nccl 1.16.2")
+    assert (plugin.expected, plugin.found) == ("none", "aws-ofi-nccl 1.16.2 (Libfabric)")
     assert (
         plugin.evidence
-        == f"{EFA}:24: llama-3-8b-node-0-0:194:724 [3] NCCL INFO NET/OFI Initializing aws-ofi-nccl 1.16.2"
+        == f"{EFA}:17: llama-3-8b-node-0-0:194:724 [3] NCCL INFO NET/Plugin: Loaded net plugin Libfabric (v10)"
     )
     assert "the log says" in plugin.message and "NCCL_NET_PLUGIN" in plugin.message
 

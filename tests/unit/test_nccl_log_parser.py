@@ -27,19 +27,34 @@ def test_efa_seed_log_gives_the_whole_json_object() -> None:
         "nccl_version": "2.27.3+cuda12.9",
         "cuda_driver_version": 13000,
         "network": "Libfabric",
-        "net_plugin": {"name": "aws-ofi-nccl", "version": "1.16.2", "api": "v10"},
+        "net_plugin": {
+            "name": "Libfabric",
+            "version": "1.16.2",
+            "api": "v10",
+            "library": "libnccl-net.so",
+            "release": "1.16.2",
+            "project": "aws-ofi-nccl",
+        },
         "net_plugin_error": None,
         "provider": "efa",
         "gdr": False,
         "nvls": False,
+        "nvls_used": False,
         "nranks": 16,
         "nnodes": 4,
         "local_ranks": 4,
         "transports": ["SHM", "NET/Libfabric"],
+        "transport_lines": {
+            "SHM": "line 345: llama-3-8b-node-0-0:193:1176 [2] NCCL INFO Channel 00 : 2[2] -> 3[3] via SHM/direct/direct",
+            "NET/Libfabric": "line 351: llama-3-8b-node-0-0:194:1177 [3] NCCL INFO Channel 00/0 : 3[3] -> 4[0] "
+            "[send] via NET/Libfabric/0",
+        },
         "interfaces": ["eth0", "rdmap49s0"],
         "link_layers": [],
+        "environment": {"NCCL_SOCKET_IFNAME": "^docker0,lo", "NCCL_PROTO": "simple"},
         "warnings": [],
         "errors": [],
+        "error_lines": [],
         "disagreements": [],
     }
 
@@ -58,7 +73,7 @@ def test_each_fact_quotes_the_line_it_came_from() -> None:
     assert log.network.evidence.line_no == 81
     assert log.network.evidence.text.endswith("NCCL INFO Using network Libfabric")
     assert str(log.net_plugin.evidence) == (
-        "line 24: llama-3-8b-node-0-0:194:724 [3] NCCL INFO NET/OFI Initializing aws-ofi-nccl 1.16.2"
+        "line 17: llama-3-8b-node-0-0:194:724 [3] NCCL INFO NET/Plugin: Loaded net plugin Libfabric (v10)"
     )
     assert "disabling GDR" in log.gdr.evidence.text
     assert "NVLS multicast support is not available" in log.nvls.evidence.text
@@ -137,7 +152,14 @@ FACTS = [
         "roce_ibext_disabled_nccl676.log",
         {
             "network": "IB",
-            "net_plugin": {"name": "nccl-rdma-sharp-plugins", "version": None, "api": None},
+            "net_plugin": {
+                "name": "nccl-rdma-sharp-plugins",
+                "version": None,
+                "api": None,
+                "library": "/opt/hpcx/nccl_rdma_sharp_plugin/lib/libnccl-net.so",
+                "release": None,
+                "project": "nccl-rdma-sharp-plugins",
+            },
             "interfaces": ["enp225s0f1", "mlx5_9:1"],
             "link_layers": ["RoCE"],
         },
@@ -169,13 +191,21 @@ FACTS = [
         {
             "cuda_driver_version": 12010,
             "network": "Socket",
-            "net_plugin": {"name": "nccl-rdma-sharp-plugins", "version": None, "api": None},
+            "net_plugin": {
+                "name": "nccl-rdma-sharp-plugins",
+                "version": None,
+                "api": None,
+                "library": "/opt/hpcx/nccl_rdma_sharp_plugin/lib/libnccl-net.so",
+                "release": None,
+                "project": "nccl-rdma-sharp-plugins",
+            },
             "gdr": False,
             "nvls": False,
             "nranks": 16,
             "transports": ["P2P/IPC", "NET/Socket"],
             "interfaces": ["ibp12s0"],
-            "warnings": [
+            "warnings": [],
+            "errors": [
                 "[Service thread] Error encountered progressing operation=Connect, res=2, closing connection",
                 "[Proxy Service 11] Failed to execute operation Connect from rank 11, retcode 2",
                 "socketProgress: Connection closed by remote peer <cluster_name>.ibnet<53735>",
@@ -216,7 +246,14 @@ FACTS = [
             "nccl_version": "2.24.3+cuda12.2",
             "cuda_driver_version": 12040,
             "network": "IBext_v8",
-            "net_plugin": {"name": "nccl-rdma-sharp-plugins", "version": None, "api": "v8"},
+            "net_plugin": {
+                "name": "NCCL RDMA Plugin",
+                "version": "v8",
+                "api": "v8",
+                "library": "/opt/hpcx/nccl_rdma_sharp_plugin/lib/libnccl-net.so",
+                "release": None,
+                "project": "nccl-rdma-sharp-plugins",
+            },
             "nvls": True,
             "nranks": 8,
             "nnodes": 1,
@@ -236,7 +273,8 @@ FACTS = [
             "network": "AWS Libfabric",
             "gdr": False,
             "transports": ["P2P/IPC", "NET/AWS Libfabric"],
-            "warnings": ["NET/OFI Couldn't open AV. RC: -22, ERROR: Invalid argument"],
+            "warnings": [],
+            "errors": ["NET/OFI Couldn't open AV. RC: -22, ERROR: Invalid argument"],
         },
         id="EFA-old-openmpi-WARN",
     ),
@@ -277,30 +315,34 @@ FACTS = [
             "transports": ["CollNet/SHARP/GDRDMA"],
             "gdr": True,
             "interfaces": ["mlx5_4:1"],
-            "warnings": ["SHARP group create: Streaming Tree lock failed (-18)"],
-            "errors": [],
+            "warnings": [],
+            "errors": ["SHARP group create: Streaming Tree lock failed (-18)"],
         },
         id="CollNet-SHARP-WARN",
     ),
     pytest.param(
         "ib_warn_completion_nccl1405.log",
         {
-            "warnings": [
+            "warnings": [],
+            "errors": [
                 "NET/IB : Got completion from peer 10.216.210.236<54862> with status=12 opcode=0 len=0 vendor "
                 "err 129 (Recv) localGid fd00:1148:9000:5000:4:200:3:ff22 remoteGidsfd00:1148:9000:5000:4:200:3:ff1f",
                 "NET/IB : Got completion from peer 10.216.210.236<54862> with status=12 opcode=32616 len=0 vendor "
                 "err 129 (Recv) localGid fd00:1148:9000:5000:4:200:3:ff21 remoteGidsfd00:1148:9000:5000:4:200:3:ff20",
                 "NET/IB : Got completion from peer 10.216.210.236<49892> with status=12 opcode=32616 len=0 vendor "
                 "err 129 (Recv) localGid fd00:1148:9000:5000:4:200:3:ff22 remoteGidsfd00:1148:9000:5000:4:200:3:ff1f",
-            ]
+            ],
         },
         id="IB-completion-WARN",
     ),
     pytest.param(
         "old_2.0_warn_nccl111.log",
         {
-            "warnings": ["Call to connect failed : Connection refused"],
-            "errors": ["NCCL failure *MyProgram*.cu:110 'unhandled system error'"],
+            "warnings": [],
+            "errors": [
+                "Call to connect failed : Connection refused",
+                "NCCL failure *MyProgram*.cu:110 'unhandled system error'",
+            ],
         },
         id="NCCL-2.0-WARN-without-NCCL-word",
     ),
@@ -315,10 +357,10 @@ def test_recorded_log_states_these_facts(name: str, expected: dict[str, object])
 
 def test_warn_keeps_where_nccl_printed_it_and_which_rank() -> None:
     log = parse("socket_fallback_ibext_warn_nccl952.log")
-    assert [w.note for w in log.warnings] == ["proxy.cc:1485", "proxy.cc:1519", "misc/socket.cc:49"]
+    assert [e.note for e in log.errors] == ["proxy.cc:1485", "proxy.cc:1519", "misc/socket.cc:49"]
     [rank11] = [r for r in log.per_rank if r.rank and r.rank.value == 11]
     assert rank11.key == "<cluster_name>:922[3]"
-    assert len(rank11.warnings) == 3
+    assert len(rank11.errors) == 3
 
 
 def test_one_process_driving_several_gpus_gives_one_record_per_device() -> None:
@@ -350,9 +392,9 @@ def test_launcher_and_collector_prefixes_do_not_leak_into_host_names(name: str, 
 
 
 def test_openmpi_warning_is_attributed_to_the_rank_that_printed_it() -> None:
-    [warning] = parse("efa_openmpi_aws_libfabric_ofi24.log").warnings
-    assert warning.note == "create_nccl_ofi_component:459"
-    assert warning.evidence.text.startswith("[1,23]<stdout>:ip-172-32-45-165:72593:73427 [7]")
+    [error] = parse("efa_openmpi_aws_libfabric_ofi24.log").errors
+    assert error.note == "create_nccl_ofi_component:459"
+    assert error.evidence.text.startswith("[1,23]<stdout>:ip-172-32-45-165:72593:73427 [7]")
 
 
 def test_a_log_stripped_of_every_prefix_has_facts_but_no_ranks() -> None:
@@ -363,8 +405,8 @@ def test_a_log_stripped_of_every_prefix_has_facts_but_no_ranks() -> None:
 
 def test_other_tools_info_and_error_lines_are_not_nccl_lines() -> None:
     # SHARP's own "[node:0:174 - comm.c:379][...] ERROR ..." and Python logging's "46393 INFO" lines.
-    collnet = parse("collnet_sharp_warn_nccl1219.log")
-    assert collnet.errors == () and collnet.nccl_lines == 4
+    collnet = parse("collnet_sharp_warn_nccl1219.log")  # its one error is NCCL's WARN, not SHARP's ERROR
+    assert [e.evidence.line_no for e in collnet.errors] == [8] and collnet.nccl_lines == 4
     old = parse("ib_internal_2.3.7_nccl179.log")
     cited = {f.evidence.line_no for r in old.per_rank for f in (*r.interfaces, *r.transports)}
     assert 1 not in cited and old.nccl_lines == 15

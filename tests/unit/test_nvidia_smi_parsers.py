@@ -48,12 +48,20 @@ def read(name: str) -> str:
 def test_every_recorded_topology_parses_symmetric_and_complete(name):
     topo = parse_topo_text(read(name))
     assert topo.gpus, name
+    # "_cut_" files: the paste stops inside the matrix, so later rows are missing and the last one is short.
+    cut = "_cut_" in name
+    last = list(topo.matrix)[-1]
     for a in topo.gpus:
-        assert topo.matrix[a][a] == "X"
+        if a in topo.matrix:
+            assert topo.matrix[a][a] == "X" or (cut and a == last)
+        else:
+            assert cut, (name, a)
     for row, cells in topo.matrix.items():
         for col, cell in cells.items():
+            if cut and row == last and cell is None:
+                continue
             assert cell is not None, (row, col)
-            assert topo.matrix.get(col, {}).get(row, cell) == cell, (row, col)
+            assert topo.matrix.get(col, {}).get(row, cell) in (cell, *([None] if cut else [])), (row, col)
 
 
 def test_dgx_h100_with_nic_legend():
@@ -180,7 +188,7 @@ def test_legend_cut_mid_line():
 def test_elided_rows_are_skipped_and_missing_cells_are_none():
     lines = read("topo_dgx_h100_13nic.txt").splitlines()
     # Header, GPU0 and GPU1, then "...", then the start of GPU7's row.
-    text = "\n".join([*lines[:3], "...", "GPU7    NV18    NV18"])
+    text = "\n".join([*lines[:3], "...", "GPU7    NV18    NV18"]) + "\n"  # ends with a line end: not cut
     topo = parse_topo_text(text)
     assert topo.gpus == tuple(f"GPU{i}" for i in range(8))  # from the header
     assert set(topo.matrix) == {"GPU0", "GPU1", "GPU7"}
@@ -306,9 +314,9 @@ def test_a_counter_in_another_unit_is_refused_not_guessed():
         parse_nvlink_text(text)
 
 
-def test_mixed_counter_kinds_are_refused():
+def test_two_captures_of_different_kinds_are_refused_by_the_one_report_parser():
     text = read("nvlink_gt_d_h800_gpu0.txt") + read("nvlink_gt_r_h800_gpu0.txt")
-    with pytest.raises(ParseError, match="mixes data and raw"):
+    with pytest.raises(ParseError, match=r"holds 2 captures \(data at lines 2-18, raw at lines 20-36\)"):
         parse_nvlink_text(text)
     with pytest.raises(ParseError, match="expected only data"):
         parse_nvlink_counters(read("nvlink_gt_r_h800_gpu0.txt"), "data")

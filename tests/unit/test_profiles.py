@@ -150,8 +150,13 @@ def test_documented_example_validates(tmp_path):
     example = re.search(r"```yaml\n(.*?)```", readme, re.S).group(1)
     path = _write(tmp_path, "my-h100-pod", example)
     profile = load_profile(str(path))
-    assert profile.model.cluster.gpu_model == "H100"  # from dgx-h100-ib through extends
+    assert profile.model.cluster.gpu_model == "H100 80GB HBM3"  # from dgx-h100-ib through extends
     assert profile.model.collectives.checks[2].max_latency == pytest.approx(40e-6)
+    # the example is what the README asks for: no warnings, every threshold sourced
+    from pytest_gpucluster.profiles.sources import unsourced_thresholds
+
+    assert profile.warnings == ()
+    assert unsourced_thresholds(profile.chain) == ()
 
 
 def test_shipped_profiles_found_in_a_wheel_layout_and_a_checkout(tmp_path):
