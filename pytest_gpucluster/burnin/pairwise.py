@@ -253,53 +253,53 @@ def localize(
 
     results2 = _run(run_round, 2, second_round(to_test, good))
     round2 = judge_pairs(results2, 2, reference=reference, tolerance=tolerance, floor=floor)
+    suspects = _second_round_suspects(
+        failed, leftover, round1, round2, f"{ref_text} (tolerance {tolerance:.0%})"
+    )
+    return Localization(nodes, (tuple(round1), tuple(round2)), reference, suspects, good, tolerance, floor)
+
+
+def _second_round_suspects(
+    failed: Sequence[JudgedPair],
+    leftover: Sequence[str],
+    round1: Sequence[JudgedPair],
+    round2: Sequence[JudgedPair],
+    healthy: str,
+) -> tuple[Suspect, ...]:
+    """A node of a failed pair that also fails with a known-good partner is suspect; a failed pair
+    whose nodes are both fine with others points at the link between them."""
     failed2 = {j.pair[0]: j for j in round2 if not j.passed}
     everything = [*round1, *round2]
-    suspects_list: list[Suspect] = []
+    out: list[Suspect] = []
     for j in failed:
         a, b = j.pair
         bad = [n for n in (a, b) if n in failed2]
         for node in bad:
             again = failed2[node]
-            suspects_list.append(
-                Suspect(
-                    node=node,
-                    check="pairwise",
-                    reason=(
-                        f"slow with every partner: {j.text()} in round 1, {again.text()} with known-good "
-                        f"{again.pair[1]} in round 2; healthy pairs reach {ref_text} (tolerance {tolerance:.0%})"
-                    ),
-                    evidence=_evidence(everything, node),
-                )
+            reason = (
+                f"slow with every partner: {j.text()} in round 1, {again.text()} with known-good "
+                f"{again.pair[1]} in round 2; healthy pairs reach {healthy}"
+            )
+            out.append(
+                Suspect(node=node, check="pairwise", reason=reason, evidence=_evidence(everything, node))
             )
         if not bad:
-            suspects_list.append(
-                Suspect(
-                    node=a,
-                    peer=b,
-                    kind="link",
-                    check="pairwise",
-                    reason=(
-                        f"{j.text()} failed in round 1 ({j.why}), yet each node is fine with a known-good "
-                        "partner: suspect the link between them (cable, NIC port, switch port)"
-                    ),
-                    evidence={**_evidence(everything, a), **_evidence(everything, b)},
-                )
+            reason = (
+                f"{j.text()} failed in round 1 ({j.why}), yet each node is fine with a known-good "
+                "partner: suspect the link between them (cable, NIC port, switch port)"
+            )
+            evidence = {**_evidence(everything, a), **_evidence(everything, b)}
+            out.append(
+                Suspect(node=a, peer=b, kind="link", check="pairwise", reason=reason, evidence=evidence)
             )
     for node in leftover:
         if node in failed2:
             again = failed2[node]
-            suspects_list.append(
-                Suspect(
-                    node=node,
-                    check="pairwise",
-                    reason=(f"{again.text()} with known-good {again.pair[1]} in round 2 ({again.why})"),
-                    evidence=_evidence(everything, node),
-                )
+            reason = f"{again.text()} with known-good {again.pair[1]} in round 2 ({again.why})"
+            out.append(
+                Suspect(node=node, check="pairwise", reason=reason, evidence=_evidence(everything, node))
             )
-    return Localization(
-        nodes, (tuple(round1), tuple(round2)), reference, tuple(suspects_list), good, tolerance, floor
-    )
+    return tuple(out)
 
 
 def _run(run_round: RoundRunner, number: int, pairs: Sequence[Pair]) -> list[PairResult]:
