@@ -31,14 +31,12 @@ sweep the backend cannot run is reported as skipped and the others still run.
 
 from __future__ import annotations
 
-import os
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from pytest_gpucluster.maths.metrics import COLLECTIVES, bus_factor
+from pytest_gpucluster.maths.metrics import COLLECTIVES
 from pytest_gpucluster.maths.sweep import (
     DTYPE_SIZES,
     NCCL_TYPE_NAMES,
@@ -51,9 +49,9 @@ from pytest_gpucluster.maths.sweep import (
     reports_in_place_errors,
     sweep_sizes,
 )
-from pytest_gpucluster.parsers.nccl_tests import Measurement, Row, format_table
 from pytest_gpucluster.workloads._runtime import RankContext, WorkloadSkip
 from pytest_gpucluster.workloads._sweep_data import SweepData
+from pytest_gpucluster.workloads._sweep_table import Table
 
 __all__ = ["SweepOptions", "sweep", "sweep_many"]
 
@@ -282,50 +280,29 @@ class _Bench:
             ) from exc
 
 
-def _gather_rank_lines(ctx: RankContext) -> list[str]:
-    """nccl-tests' ``#  Rank  N Group  0 Pid ... on HOST device D [bus] NAME`` lines, all ranks."""
-    import torch
-    import torch.distributed as dist
-
-    if ctx.is_cuda:
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        bus, name = f"0x{getattr(props, 'pci_bus_id', 0):02x}", props.name
-    else:
-        bus, name = "cpu", f"{ctx.backend} on CPU"
-    mine = f"#  Rank {ctx.rank:2d} Group  0 Pid {os.getpid():6d} on {ctx.host:>10s} device {ctx.local_rank:2d} [{bus}] {name}"
-    lines: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(lines, mine)
-    return [str(line) for line in lines]
-
-
-def _table_cell(bench: _Bench, size: int, times: list[float], wrong: int | None) -> tuple[Measurement, float]:
-    """The printed cell: each repeat's time averaged over the ranks (nccl-tests' default ``-a 1``),
-    the median over repeats, wrong elements summed over ranks; at nccl-tests' precision."""
-    torch, dist = bench.torch, bench.dist
-    payload = torch.tensor([*times, float(wrong or 0)], dtype=torch.float64, device=bench.ctx.device)
-    dist.all_reduce(payload)
-    values = payload.tolist()
-    time_us = statistics.median(v / bench.n for v in values[:-1])
-    alg = size / (time_us * 1e-6) / 1e9 if time_us > 0 else 0.0
-    bus = alg * bus_factor(bench.coll, bench.n)
-    decimals = 0 if time_us >= 10000 else 1 if time_us >= 100 else 2
-    cell = Measurement(
-        time_us=round(time_us, decimals),
-        algbw_gbs=round(alg, 2),
-        busbw_gbs=round(bus, 2),
-        wrong=None if wrong is None else int(values[-1]),
-    )
-    return cell, bus
-
-
-def _table_lines(row: Row, header: bool) -> list[str]:
-    """The header lines (``header``) or the row line of nccl-tests' layout, via ``format_table``."""
-    lines = format_table([row]).splitlines()
-    if header:
-        return [
-            line for line in lines if line.startswith("#") and "Avg bus bandwidth" not in line and line != "#"
-        ]
-    return [line for line in lines if not line.startswith("#")]
+def _measure(bench: _Bench, lay: Layout, in_place: bool, index: int, delay: float) -> dict[str, Any]:
+    """One size and placement: the untimed sync call, ``repeat`` timed spans, then the check."""
+    ctx, opts = bench.ctx, bench.opts
+    run = bench.call(lay, in_place)
+    bench.reset(lay, in_place)
+    run()  # nccl-tests' untimed "sync" collective before each timed span
+    ctx.synchronize()
+    times, lags = [], []
+    for _ in range(opts.repeat):
+        t_us, lag_us = bench.timed_span(run, delay)
+        times.append(t_us)
+        lags.append(lag_us)
+    wrong: int | None = None
+    if opts.check and (not in_place or reports_in_place_errors(opts.collective)):
+        rep = 2 * index + int(in_place) + 1
+        bench.load_inputs(lay, in_place, rep)
+        ctx.barrier()
+        run()
+        ctx.synchronize()
+        if opts.corrupt_rank == ctx.rank:
+            bench.corrupt(lay, in_place)
+        wrong = bench.count_wrong(lay, in_place, rep)
+    return {"times_us": times, "lag_us": lags, "wrong": wrong}
 
 
 def sweep(ctx: RankContext) -> dict[str, Any]:
@@ -338,28 +315,10 @@ def sweep(ctx: RankContext) -> dict[str, Any]:
     sizes = sweep_sizes(opts.min_bytes, opts.max_bytes, opts.factor, opts.step_bytes)
     placements = (False, True) if opts.in_place else (False,)
     is_reducing = opts.collective in REDUCING or opts.collective == "sendrecv"  # nccl-tests prints sum
-    redop = opts.op if is_reducing else "none"
-    root = opts.root if opts.collective in ROOTED else -1
-    type_name = NCCL_TYPE_NAMES[opts.dtype]
-
-    rank_lines = _gather_rank_lines(ctx)
-    if ctx.rank == 0:
-        step = f"{opts.factor}(factor)" if opts.factor > 1 else f"{opts.step_bytes}(bytes)"
-        for line in [
-            f"# Collective test starting: {opts.collective}_perf (pytest-gpucluster, torch.distributed {ctx.backend})",
-            f"# nThread 1 nGpus 1 minBytes {opts.min_bytes} maxBytes {opts.max_bytes} step: {step}"
-            f" warmup iters: {opts.warmup} iters: {opts.iters} agg iters: 1 validation: {int(opts.check)} graph: 0",
-            "#",
-            "# Using devices",
-            *rank_lines,
-            "#",
-        ]:
-            ctx.progress(line)
-        blank = Measurement(time_us=0.0, algbw_gbs=0.0, busbw_gbs=0.0, wrong=0)
-        for line in _table_lines(
-            Row(0, 0, type_name, redop, root, blank, blank if opts.in_place else None), True
-        ):
-            ctx.progress(line)
+    table = Table(ctx, opts.collective, NCCL_TYPE_NAMES[opts.dtype], opts.op if is_reducing else "none",
+                  opts.root if opts.collective in ROOTED else -1)  # fmt: skip
+    table.header(opts.min_bytes, opts.max_bytes, opts.factor, opts.step_bytes, opts.warmup, opts.iters,
+                 opts.check, opts.in_place)  # fmt: skip
 
     for size in (sizes[-1], sizes[0]):  # nccl-tests warms up at the largest, then the smallest size
         run = bench.call(layout(opts.collective, size, bench.elt, ctx.world_size), False)
@@ -369,63 +328,19 @@ def sweep(ctx: RankContext) -> dict[str, Any]:
 
     delay = opts.inject_delay_s if opts.inject_rank == ctx.rank else 0.0
     points: list[dict[str, Any]] = []
-    busbws: list[float] = []
-    total_wrong = 0
     for index, size in enumerate(sizes):
         lay = layout(opts.collective, size, bench.elt, ctx.world_size)
         point: dict[str, Any] = {"size_bytes": lay.size_bytes, "count": lay.count}
-        cells = []
         for in_place in placements:
-            run = bench.call(lay, in_place)
-            bench.reset(lay, in_place)
-            run()  # nccl-tests' untimed "sync" collective before each timed span
-            ctx.synchronize()
-            times, lags = [], []
-            for _ in range(opts.repeat):
-                t_us, lag_us = bench.timed_span(run, delay)
-                times.append(t_us)
-                lags.append(lag_us)
-            wrong: int | None = None
-            if opts.check and (not in_place or reports_in_place_errors(opts.collective)):
-                rep = 2 * index + int(in_place) + 1
-                bench.load_inputs(lay, in_place, rep)
-                ctx.barrier()
-                run()
-                ctx.synchronize()
-                if opts.corrupt_rank == ctx.rank:
-                    bench.corrupt(lay, in_place)
-                wrong = bench.count_wrong(lay, in_place, rep)
-            point["in_place" if in_place else "out_of_place"] = {
-                "times_us": times,
-                "lag_us": lags,
-                "wrong": wrong,
-            }
-            cell, bus = _table_cell(bench, lay.size_bytes, times, wrong)
-            cells.append(cell)
-            busbws.append(bus)
-            total_wrong += cell.wrong or 0
+            point["in_place" if in_place else "out_of_place"] = _measure(bench, lay, in_place, index, delay)
         points.append(point)
-        if ctx.rank == 0:
-            row = Row(
-                lay.size_bytes,
-                lay.count,
-                type_name,
-                redop,
-                root,
-                cells[0],
-                cells[1] if len(cells) > 1 else None,
-            )
-            for line in _table_lines(row, False):
-                ctx.progress(line)
-    if ctx.rank == 0:
-        ctx.progress(f"# Out of bounds values : {total_wrong} {'FAILED' if total_wrong else 'OK'}")
-        ctx.progress(f"# Avg bus bandwidth    : {sum(busbws) / len(busbws):g} ")
-        ctx.progress("#")
+        table.row(lay, [point[p] for p in ("out_of_place", "in_place") if p in point], bench.n)
+    table.footer()
     return {
         "collective": opts.collective,
         "dtype": opts.dtype,
-        "op": redop,
-        "root": root,
+        "op": table.redop,
+        "root": table.root,
         "nranks": ctx.world_size,
         "backend": ctx.backend,
         "timer": "cuda_events" if ctx.is_cuda else "perf_counter",
