@@ -2,7 +2,7 @@
 the profile's pins and bounds and against each other.
 
 Input: one fingerprint per node, ``{"driver": "550.54.15", "nccl": "2.21.5", "torch": "2.4.1", ...}``
-(`workloads.health.versions` on the rank side; :func:`node_fingerprints` folds the ranks of a
+(`workloads._node_facts.versions` on the rank side; :func:`node_fingerprints` folds the ranks of a
 node into one; :func:`nccl_log_fingerprints` reads NCCL, CUDA and net plugin versions from
 recorded ``NCCL_DEBUG=INFO`` logs). Two checks:
 

@@ -22,7 +22,7 @@ from pytest_gpucluster.checks.burnin.health import (
 from pytest_gpucluster.profiles.schema import BurninSection
 from pytest_gpucluster.results.model import ThresholdRef
 from pytest_gpucluster.results.text import failure_message
-from pytest_gpucluster.workloads.health import parse_xid_lines, throttle_names
+from pytest_gpucluster.workloads._node_facts import parse_xid_lines, throttle_names
 
 DATA = Path(__file__).parents[1] / "data"
 
