@@ -50,7 +50,7 @@ def skip_everywhere(ctx: RankContext) -> dict[str, Any]:
 def hold_memory(ctx: RankContext) -> dict[str, Any]:
     """Touch ``mib`` MiB, let it go, and report this process's peak resident set (for the bundle's
     per-part peak reset)."""
-    from pytest_gpucluster.workloads.bundle import peak_rss_bytes
+    from pytest_gpucluster.workloads._rank_stats import peak_rss_bytes
 
     block = bytearray(int(ctx.options.get("mib", 0)) << 20)
     block[::4096] = b"\x01" * len(block[::4096])

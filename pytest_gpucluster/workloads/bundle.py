@@ -34,7 +34,7 @@ from typing import Any
 
 from pytest_gpucluster.workloads._runtime import RankContext, WorkloadSkip, write_json_atomic
 
-__all__ = ["PART_TIMEOUT_EXIT", "part_path", "peak_rss_bytes", "run_parts"]
+__all__ = ["PART_TIMEOUT_EXIT", "part_path", "run_parts"]
 
 PART_TIMEOUT_EXIT = 124
 """Exit code of a rank whose part ran past its deadline (as ``timeout(1)`` exits)."""
@@ -42,18 +42,6 @@ PART_TIMEOUT_EXIT = 124
 
 def part_path(job_dir: Path, index: int, rank: int) -> Path:
     return job_dir / f"part-{index}-rank-{rank}.json"
-
-
-def peak_rss_bytes() -> int | None:
-    """This process's peak resident set since start or the last reset (Linux ``VmHWM``); None elsewhere."""
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def _reset_peaks(ctx: RankContext) -> None:

@@ -21,8 +21,6 @@ from __future__ import annotations
 import gc
 import math
 import os
-import resource
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,8 +28,8 @@ from typing import Any
 
 from pytest_gpucluster.maths import metrics
 from pytest_gpucluster.workloads import sft_data
+from pytest_gpucluster.workloads._rank_stats import peak_memory, start_sampler
 from pytest_gpucluster.workloads._runtime import RankContext, WorkloadSkip
-from pytest_gpucluster.workloads.bundle import peak_rss_bytes
 from pytest_gpucluster.workloads.sft_model import build_model
 
 __all__ = ["SFTOptions", "train"]
@@ -189,113 +187,43 @@ def deepspeed_config(opts: SFTOptions, world_size: int, precision: str, cuda: bo
     return config
 
 
-class _GpuUtilSampler:
-    """Polls NVML utilisation (and memory used) of this rank's GPU in a background thread."""
+@dataclass
+class _Prepared:
+    """Everything a rank builds before its first step: data, model and DeepSpeed config."""
 
-    def __init__(self, torch_index: int, interval_s: float) -> None:
-        import pynvml  # nvidia-ml-py; ImportError tells the caller why there is no figure
-        import torch
-
-        pynvml.nvmlInit()
-        self._nvml = pynvml
-        uuid = str(getattr(torch.cuda.get_device_properties(torch_index), "uuid", ""))
-        if uuid:
-            self._handle = pynvml.nvmlDeviceGetHandleByUUID(
-                uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
-            )
-        else:  # older torch: map through CUDA_VISIBLE_DEVICES by hand
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-            physical = int(visible[torch_index]) if visible[0] and torch_index < len(visible) else torch_index
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(physical)
-        self._interval = interval_s
-        self._util: list[float] = []
-        self._mem_used = 0
-        self.error: str | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gpu-util-sampler", daemon=True)
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.wait(self._interval):
-                self._util.append(float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu))
-                used = int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
-                self._mem_used = max(self._mem_used, used)
-        except Exception as exc:  # keep the samples so far; say why they end
-            self.error = f"NVML failed while sampling ({type(exc).__name__}: {exc})"
-
-    def start(self) -> None:
-        self._thread.start()
-
-    @property
-    def stopped(self) -> bool:
-        return self._stop.is_set()
-
-    def stop(self) -> tuple[dict[str, Any] | None, int]:
-        self._stop.set()
-        self._thread.join()
-        self._nvml.nvmlShutdown()
-        if not self._util:
-            return None, self._mem_used
-        util = {"mean": sum(self._util) / len(self._util), "min": min(self._util), "max": max(self._util)}
-        return {**util, "samples": len(self._util), "interval_s": self._interval}, self._mem_used
+    precision: str
+    reused_group: bool
+    tokenizer: str
+    data_path: Path
+    examples: int
+    batches: list[Any]
+    real_tokens_of: list[int]
+    ds_config: dict[str, Any]
+    model: Any
+    dims: metrics.TransformerShape
+    model_name: str
 
 
-def _start_sampler(ctx: RankContext, opts: SFTOptions) -> tuple[_GpuUtilSampler | None, str | None]:
-    if not ctx.is_cuda:
-        return None, "not sampled: this rank runs on CPU"
-    try:
-        sampler = _GpuUtilSampler(int(ctx.device.split(":")[1]), opts.gpu_util_interval_s)
-    except ImportError:
-        return None, "not sampled: nvidia-ml-py is not installed (pip install nvidia-ml-py)"
-    except Exception as exc:  # an NVML error must not cost the training measurements
-        return None, f"not sampled: NVML failed ({type(exc).__name__}: {exc})"
-    sampler.start()
-    return sampler, None
-
-
-def _peak_memory(ctx: RankContext, nvml_used: int) -> dict[str, Any]:
-    # VmHWM, which a bundle of several workloads resets per part; ru_maxrss (KiB on Linux) elsewhere.
-    rss = peak_rss_bytes() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    if not ctx.is_cuda:
-        return {"peak_memory_bytes": rss, "peak_memory_kind": "cpu_max_rss", "cpu_max_rss_bytes": rss}
-    import torch
-
-    reserved = int(torch.cuda.max_memory_reserved(ctx.device))
-    return {
-        "peak_memory_bytes": reserved,
-        "peak_memory_kind": "cuda_max_reserved",
-        "cuda_max_allocated_bytes": int(torch.cuda.max_memory_allocated(ctx.device)),
-        "cuda_max_reserved_bytes": reserved,
-        "nvml_max_used_bytes": nvml_used or None,
-        "cpu_max_rss_bytes": rss,
-    }
-
-
-def train(ctx: RankContext) -> dict[str, Any]:
-    """Run the SFT case in ``ctx.options`` on this rank; return this rank's measurements."""
+def _prepare(ctx: RankContext, opts: SFTOptions) -> _Prepared:
+    """Join DeepSpeed to the worker's group, tokenize the dataset, cut this rank's batches (before
+    the clock starts: the steps only copy them over) and build the model."""
     import deepspeed
     import torch
     import torch.distributed as dist
 
-    t_setup = time.perf_counter()
-    opts = SFTOptions.from_options(ctx.options)
     precision = _resolve_precision(opts, ctx.is_cuda)
     _check_attention(opts, ctx.is_cuda, precision)
-
     if not ctx.is_cuda and (opts.cpu_threads or "OMP_NUM_THREADS" not in os.environ):
         torch.set_num_threads(opts.cpu_threads or 1)
     world_group = dist.group.WORLD if dist.is_initialized() else None
     deepspeed.init_distributed(dist_backend=ctx.backend)
-    reused_group = world_group is not None and dist.group.WORLD is world_group
-
     tokenizer_path = opts.tokenizer_path
     if not tokenizer_path and opts.model_path and (Path(opts.model_path) / "tokenizer_config.json").is_file():
         tokenizer_path = opts.model_path
     tokenizer = sft_data.load_tokenizer(tokenizer_path)
     data_path = Path(opts.data_path) if opts.data_path else sft_data.DEFAULT_DATASET
     items = sft_data.tokenize_dataset(sft_data.load_examples(data_path), tokenizer, opts.seq_len)
-    total_steps = opts.warmup_steps + opts.steps
-    # Batches are built (and pinned) before the clock starts; the steps only copy them over.
+    count = (opts.warmup_steps + opts.steps) * opts.grad_accum
     batches = sft_data.batches_for_rank(
         items,
         opts.micro_batch,
@@ -304,12 +232,10 @@ def train(ctx: RankContext) -> dict[str, Any]:
         ctx.rank,
         ctx.world_size,
         opts.seed,
-        count=total_steps * opts.grad_accum,
+        count=count,
     )
     if ctx.is_cuda:
         batches = [{k: v.pin_memory() for k, v in b.items()} for b in batches]
-    real_tokens_of = [int(b["attention_mask"].sum()) for b in batches]
-
     torch.manual_seed(opts.seed)
     ds_config = deepspeed_config(opts, ctx.world_size, precision, ctx.is_cuda)
     model, dims, model_name = build_model(
@@ -322,39 +248,56 @@ def train(ctx: RankContext) -> dict[str, Any]:
         zero3_config=ds_config if opts.zero_stage == 3 and _zero_init(opts, ctx.is_cuda) else None,
         gradient_checkpointing=opts.gradient_checkpointing,
     )
-
     if tokenizer.vocab_size > dims.vocab:
         raise ValueError(
             f"the {tokenizer.name} tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary "
             f"holds {dims.vocab}; use a model with a larger vocabulary or the matching tokenizer"
         )
+    return _Prepared(
+        precision, world_group is not None and dist.group.WORLD is world_group, tokenizer.name, data_path,
+        len(items), batches, [int(b["attention_mask"].sum()) for b in batches], ds_config, model, dims, model_name,
+    )  # fmt: skip
 
-    engine = optimizer = sampler = None
+
+@dataclass
+class _Steps:
+    """What the timed steps measured on this rank."""
+
+    losses: list[float]
+    """Every step's loss, averaged over the ranks."""
+    step_times: list[float]
+    step_cpu_times: list[float]
+    real_tokens: int
+    util: dict[str, Any] | None
+    util_reason: str | None
+    nvml_used: int
+
+
+def _run_steps(ctx: RankContext, opts: SFTOptions, engine: Any, prep: _Prepared) -> _Steps:
+    """``warmup_steps + steps`` optimizer steps; the timed ones start together on every rank."""
+    import torch
+    import torch.distributed as dist
+
+    total_steps = opts.warmup_steps + opts.steps
+    losses, step_times, step_cpu_times, real_tokens = [], [], [], 0
+    sampler, util_reason, last_print = None, None, 0.0
     try:
-        engine, optimizer, _, _ = deepspeed.initialize(
-            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds_config
-        )
-        del model
-        setup_s = time.perf_counter() - t_setup
-        losses, step_times, step_cpu_times, real_tokens = [], [], [], 0
-        util_reason = None
-        last_print = 0.0
         for step in range(1, total_steps + 1):
             if step == opts.warmup_steps + 1:
                 ctx.barrier()  # every rank starts the timed steps together
-                sampler, util_reason = _start_sampler(ctx, opts)
+                sampler, util_reason = start_sampler(ctx, opts.gpu_util_interval_s)
             ctx.synchronize()
             start, start_cpu = time.perf_counter(), time.process_time()
             loss_sum = None
             for micro in range(opts.grad_accum):
-                index = ((step - 1) * opts.grad_accum + micro) % len(batches)
-                inputs = {k: v.to(ctx.device, non_blocking=True) for k, v in batches[index].items()}
+                index = ((step - 1) * opts.grad_accum + micro) % len(prep.batches)
+                inputs = {k: v.to(ctx.device, non_blocking=True) for k, v in prep.batches[index].items()}
                 loss = engine(**inputs).loss
                 engine.backward(loss)
                 engine.step()
                 loss_sum = loss.detach().float() if loss_sum is None else loss_sum + loss.detach().float()
                 if step > opts.warmup_steps:
-                    real_tokens += real_tokens_of[index]
+                    real_tokens += prep.real_tokens_of[index]
             ctx.synchronize()
             elapsed = time.perf_counter() - start
             losses.append(loss_sum / opts.grad_accum)
@@ -369,18 +312,39 @@ def train(ctx: RankContext) -> dict[str, Any]:
                     f"step {step}/{total_steps}  {elapsed:.2f} s/it  loss {float(losses[-1]):.2f}  ETA {eta:.0f}s"
                 )
         util, nvml_used = sampler.stop() if sampler is not None else (None, 0)
-        if sampler is not None and util is None:
-            util_reason = sampler.error or "not sampled: the timed steps were shorter than one NVML interval"
-
-        # One all-reduce after the clock stops: the loss every rank reports is the job's mean.
-        loss_curve = torch.stack(losses)
-        if dist.is_initialized() and ctx.world_size > 1:
-            dist.all_reduce(loss_curve)
-            loss_curve /= ctx.world_size
-        loss_values = [float(v) for v in loss_curve.cpu()]
     except BaseException:
         if sampler is not None and not sampler.stopped:
             sampler.stop()
+        raise
+    if sampler is not None and util is None:
+        util_reason = sampler.error or "not sampled: the timed steps were shorter than one NVML interval"
+    # One all-reduce after the clock stops: the loss every rank reports is the job's mean.
+    loss_curve = torch.stack(losses)
+    if dist.is_initialized() and ctx.world_size > 1:
+        dist.all_reduce(loss_curve)
+        loss_curve /= ctx.world_size
+    values = [float(v) for v in loss_curve.cpu()]
+    return _Steps(values, step_times, step_cpu_times, real_tokens, util, util_reason, nvml_used)
+
+
+def train(ctx: RankContext) -> dict[str, Any]:
+    """Run the SFT case in ``ctx.options`` on this rank; return this rank's measurements."""
+    import deepspeed
+
+    t_setup = time.perf_counter()
+    opts = SFTOptions.from_options(ctx.options)
+    prep = _prepare(ctx, opts)
+    engine = optimizer = None
+    try:
+        engine, optimizer, _, _ = deepspeed.initialize(
+            model=prep.model,
+            model_parameters=[p for p in prep.model.parameters() if p.requires_grad],
+            config=prep.ds_config,
+        )
+        prep.model = None  # the engine holds it now
+        setup_s = time.perf_counter() - t_setup
+        steps = _run_steps(ctx, opts, engine, prep)
+    except BaseException:
         if engine is not None:
             engine.destroy()
         raise
@@ -389,55 +353,64 @@ def train(ctx: RankContext) -> dict[str, Any]:
     ctx.barrier()
     del engine, optimizer
     gc.collect()
+    result = _result(ctx, opts, prep, steps, setup_s)
+    if ctx.rank == 0:
+        ctx.progress(
+            f"SFT {result['model']} ZeRO-{opts.zero_stage} {prep.precision} x{ctx.world_size}: "
+            f"{result['step_time_median_s']:.3f} s/it (p90 {result['step_time_p90_s']:.3f}), "
+            f"{result['samples_per_s']:.1f} samples/s, {result['tokens_per_s_per_device']:.0f} tokens/s/device, "
+            f"loss {steps.losses[0]:.2f} -> {steps.losses[-1]:.2f}"
+        )
+    return result
 
-    times = metrics.summarize(step_times)
+
+def _result(
+    ctx: RankContext, opts: SFTOptions, prep: _Prepared, steps: _Steps, setup_s: float
+) -> dict[str, Any]:
+    """This rank's measurements, as the parent's checks read them (``checks/sft.py``)."""
+    import torch
+
+    times = metrics.summarize(steps.step_times)
     samples_per_step = opts.micro_batch * opts.grad_accum
     tokens_per_s = samples_per_step * opts.seq_len / times.median
-    flops_per_token = dims.flops_per_token(opts.seq_len)
+    flops_per_token = prep.dims.flops_per_token(opts.seq_len)
     mfu = metrics.mfu(tokens_per_s, flops_per_token, opts.peak_flops) if opts.peak_flops else None
-    result: dict[str, Any] = {
+    return {
         "rank": ctx.rank,
         "world_size": ctx.world_size,
         "host": ctx.host,
         "device": ctx.device,
-        "model": model_name,
-        "params": dims.params,
-        "options": {**asdict(opts), "offload": list(opts.offload), "precision": precision},
-        "deepspeed_config": ds_config,
-        "deepspeed_reused_process_group": reused_group,
+        "model": prep.model_name,
+        "params": prep.dims.params,
+        "options": {**asdict(opts), "offload": list(opts.offload), "precision": prep.precision},
+        "deepspeed_config": prep.ds_config,
+        "deepspeed_reused_process_group": prep.reused_group,
         "cpu_threads": None if ctx.is_cuda else torch.get_num_threads(),
-        "tokenizer": tokenizer.name,
-        "dataset": str(data_path),
-        "examples": len(items),
+        "tokenizer": prep.tokenizer,
+        "dataset": str(prep.data_path),
+        "examples": prep.examples,
         "setup_s": setup_s,
-        "step_times_s": step_times,
+        "step_times_s": steps.step_times,
         "step_time_median_s": times.median,
         "step_time_p90_s": times.p90,
         # CPU seconds this process spent per timed step: beside the wall time, it tells work
         # from waiting (for peers, the GPU, or other jobs on a shared machine).
-        "step_process_cpu_median_s": metrics.summarize(step_cpu_times).median,
+        "step_process_cpu_median_s": metrics.summarize(steps.step_cpu_times).median,
         "samples_per_s": samples_per_step * ctx.world_size / times.median,
         "samples_per_s_per_device": samples_per_step / times.median,
         "tokens_per_s_per_device": tokens_per_s,
         "tokens_counted": "processed: micro_batch x grad_accum x seq_len per step, padding included",
-        "real_tokens_per_s_per_device": real_tokens / opts.steps / times.median,
+        "real_tokens_per_s_per_device": steps.real_tokens / opts.steps / times.median,
         "flops_per_token": flops_per_token,
         "model_flops_per_s_per_device": tokens_per_s * flops_per_token,
         "peak_flops": opts.peak_flops,
         "mfu": mfu,
         "mfu_reason": None if mfu is not None else "no peak_flops in the options (the profile gives it)",
-        "losses": loss_values,
-        "loss_first": loss_values[0],
-        "loss_last": loss_values[-1],
-        "loss_finite": all(math.isfinite(v) for v in loss_values),
-        "gpu_util_pct": util,
-        "gpu_util_reason": None if util is not None else util_reason,
-        **_peak_memory(ctx, nvml_used),
+        "losses": steps.losses,
+        "loss_first": steps.losses[0],
+        "loss_last": steps.losses[-1],
+        "loss_finite": all(math.isfinite(v) for v in steps.losses),
+        "gpu_util_pct": steps.util,
+        "gpu_util_reason": None if steps.util is not None else steps.util_reason,
+        **peak_memory(ctx, steps.nvml_used),
     }
-    if ctx.rank == 0:
-        ctx.progress(
-            f"SFT {result['model']} ZeRO-{opts.zero_stage} {precision} x{ctx.world_size}: "
-            f"{times.median:.3f} s/it (p90 {times.p90:.3f}), {result['samples_per_s']:.1f} samples/s, "
-            f"{tokens_per_s:.0f} tokens/s/device, loss {loss_values[0]:.2f} -> {loss_values[-1]:.2f}"
-        )
-    return result

@@ -23,6 +23,7 @@ pytest.importorskip("deepspeed", reason="the SFT workload needs DeepSpeed (pip i
 pytest.importorskip("transformers", reason="the SFT workload needs transformers (pip install transformers)")
 
 from pytest_gpucluster.workloads import sft
+from pytest_gpucluster.workloads._rank_stats import GpuUtilSampler
 from pytest_gpucluster.workloads._runtime import RankContext, WorkloadSkip
 
 REPO = Path(__file__).resolve().parents[2]
@@ -170,7 +171,7 @@ def test_gpu_utilisation_is_sampled_through_nvml(monkeypatch):
     )
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(uuid="abc-1"))
-    sampler = sft._GpuUtilSampler(0, interval_s=0.01)
+    sampler = GpuUtilSampler(0, interval_s=0.01)
     sampler.start()
     time.sleep(0.1)
     util, mem_used = sampler.stop()
