@@ -20,7 +20,14 @@ from pytest_gpucluster.burnin.pairwise import Localization
 from pytest_gpucluster.burnin.stragglers import Sample, Verdict, find_stragglers
 from pytest_gpucluster.results.model import Check, ThresholdRef
 
-__all__ = ["counter_check", "pairwise_checks", "slow_alone", "straggler_checks", "version_check"]
+__all__ = [
+    "counter_check",
+    "injected_straggler",
+    "pairwise_checks",
+    "slow_alone",
+    "straggler_checks",
+    "version_check",
+]
 
 
 def straggler_checks(
@@ -66,6 +73,30 @@ def slow_alone(per_node_busbw: Mapping[str, float], tolerance: float) -> set[str
     samples = [Sample(host, busbw, host) for host, busbw in per_node_busbw.items()]
     verdict = find_stragglers(samples, tolerance=tolerance, higher_is_better=True)
     return {st.sample.key for st in verdict.stragglers}
+
+
+def injected_straggler(verdict: Verdict, slow_rank: int, delay_s: float) -> tuple[list[Check], str | None]:
+    """The detector's self-test: every rank's time outside the all_reduce (information, the slowed
+    rank labelled ``injected``), and why the detector failed it — it must name the slowed rank and
+    its host, and nobody else — or None."""
+    checks = [
+        Check(
+            "burnin.injected_straggler_lag",
+            s.value,
+            "s",
+            labels={"rank": s.rank, "host": s.host, "injected": s.rank == slow_rank},
+        )
+        for s in verdict.samples
+    ]
+    host = next((s.host for s in verdict.samples if s.rank == slow_rank), None)
+    named = [(st.sample.rank, st.sample.host) for st in verdict.stragglers]
+    if named == [(slow_rank, host)]:
+        return checks, None
+    return checks, (
+        f"rank {slow_rank} on {host} slept {delay_s * 1e3:g} ms before every call, and the detector named "
+        f"{named or 'nobody'} (tolerance {verdict.tolerance:.0%}, median {verdict.reference}); "
+        f"samples: {[(s.key, s.value) for s in verdict.samples]}"
+    )
 
 
 def pairwise_checks(found: Localization, jobs: int, excluded: Sequence[str] = ()) -> list[Check]:
