@@ -11,7 +11,7 @@ A threshold is sourced when any of these holds in the file that sets it (the chi
    the scaling section).
 
 Why both comments and ``source:`` fields: a ``source:`` field survives ``yaml.safe_load`` and
-travels into results.json and the reports (``results.check(..., source=)``), so it is the form
+travels into results.json and the reports (in the hint of the check it sets), so it is the form
 for checks, cases and scaling, which have one. Cluster figures, burn-in floors and NVLink settings
 are plain ``key: value`` pairs; giving each a source field would turn every number into a
 mapping. Those carry a comment, and comments are found without trusting a regex over the text:
