@@ -192,6 +192,7 @@ def _part_options(part: Part) -> dict[str, Any]:
         "workload": part.workload,
         "options": dict(part.options),
         "timeout_s": part.timeout_s,
+        "measures_memory": part.measures_memory,
     }
 
 

@@ -3,12 +3,14 @@
 A launch costs seconds before a workload runs (the launcher's agent and every rank import torch,
 join the process group; an SFT rank imports DeepSpeed and transformers too), so the parent
 (`pytest_gpucluster.harness`) sends the parts that run on the same ranks as one job:
-``options = {"parts": [{"name", "workload": "pkg.mod:func", "options", "timeout_s"}, ...]}``.
+``options = {"parts": [{"name", "workload": "pkg.mod:func", "options", "timeout_s",
+"measures_memory"}, ...]}``.
 
-Between parts every rank resets what a part measures about its own process — the peak resident
-set (``/proc/self/clear_refs``, read back as ``VmHWM``), CUDA's peak-memory statistics and the
-torch thread count — then meets the others at a barrier, so each part starts as in a job of its
-own. A part that raises `WorkloadSkip` is recorded as skipped and the next one runs (every rank
+Between parts every rank restores the torch thread count and, before a part that reports its
+peak memory (``measures_memory``), resets what it reads — the peak resident set
+(``/proc/self/clear_refs``, read back as ``VmHWM``) after collecting and trimming freed memory, and
+CUDA's peak-memory statistics — then meets the others at a barrier, so each part starts as in a job
+of its own. A part that raises `WorkloadSkip` is recorded as skipped and the next one runs (every rank
 decides a skip alike, as workloads do); any other exception ends the job, as it would a job of
 its own. Each part has its own deadline: past it the rank dumps its stacks into its log and exits,
 so one hung part does not keep the job until the sum of all deadlines.
@@ -104,7 +106,8 @@ def run_parts(ctx: RankContext) -> dict[str, Any]:
         name = str(part["name"])
         workload = _resolve(str(part["workload"]))
         threads = _threads()
-        _reset_peaks(ctx)
+        if part.get("measures_memory"):
+            _reset_peaks(ctx)  # a collection costs ~0.2 s with transformers loaded: only where it matters
         ctx.barrier()
         if ctx.rank == 0:
             ctx.progress(f"# part {index + 1} of {len(parts)}: {name}")

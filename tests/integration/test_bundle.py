@@ -22,7 +22,10 @@ BASIC = "pytest_gpucluster.workloads.basic"
 
 
 def part(name: str, func: str, timeout_s: float = 120.0, **options: object) -> Part:
-    return Part(name, f"{BASIC}:{func}", {"tag": name, **options}, timeout_s=timeout_s)
+    memory = func == "hold_memory"
+    return Part(
+        name, f"{BASIC}:{func}", {"tag": name, **options}, timeout_s=timeout_s, measures_memory=memory
+    )
 
 
 def shared(tmp_path, parts: list[Part]) -> SharedJobs:
@@ -44,12 +47,18 @@ def test_parts_share_one_job_and_each_keeps_its_own_outcome_and_peak(tmp_path):
     with pytest.raises(JobSkipped, match=r"skip \(part of job shared-4-parts-.*\): no NVML on this node"):
         jobs.run(parts[1], "t2")
     big, small = jobs.run(parts[2], "t3"), jobs.run(parts[3], "t4")
-    assert big.job_id == small.job_id and big.companions == ("sum", "skip", "small")
+    # the parts that measure memory run first, then the others in the order asked for
+    assert big.job_id == small.job_id and big.companions == ("small", "sum", "skip")
     for rank in (0, 1):
         # each part's peak is its own: the 400 MiB of the part before does not show in it
         assert big.values[rank]["peak_rss_bytes"] - small.values[rank]["peak_rss_bytes"] > 300 << 20
     records = [json.loads(part_path(big.job_dir, i, 0).read_text()) for i in range(4)]
-    assert [r["status"] for r in records] == ["ok", "skipped", "ok", "ok"]
+    assert [(r["name"], r["status"]) for r in records] == [
+        ("big", "ok"),
+        ("small", "ok"),
+        ("sum", "ok"),
+        ("skip", "skipped"),
+    ]
     assert all(r["seconds"] >= 0 for r in records)
 
 
