@@ -1,4 +1,4 @@
-"""Fixtures the plugin gives every test: hw, machine, cluster, hostfile, nccl_env, results,
+"""Fixtures the plugin gives every test: hw, machine, nodes, cluster, hostfile, nccl_env, results,
 shared_jobs; and `job_part`, which declares a fixture that runs one part of the shared jobs.
 
 Registered by plugin.py once the session has started. The ``process_group`` fixture for
@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from pytest_gpucluster.cluster.node_facts import ClusterFacts
 from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning
 from pytest_gpucluster.harness import Part, PartRun, SharedJobs
 from pytest_gpucluster.profiles.detect import MachineInfo
@@ -42,8 +43,21 @@ def hw(gpucluster_session: GpuClusterSession) -> ProfileModel:
 
 @pytest.fixture(scope="session")
 def machine(gpucluster_session: GpuClusterSession) -> MachineInfo:
-    """What was detected on the machine running pytest."""
+    """What was detected on the machine running pytest (often a login node: judge ``nodes``)."""
     return gpucluster_session.machine
+
+
+@pytest.fixture(scope="session")
+def nodes(gpucluster_session: GpuClusterSession) -> ClusterFacts:
+    """Every node as the per-node probe found it (GPUs, versions, ports, environment); skips when
+    the nodes were not probed (a dry run), and fails when the cluster itself cannot be built."""
+    facts = gpucluster_session.node_facts
+    if facts is None:
+        error = gpucluster_session.cluster_error()
+        if error is not None:
+            pytest.fail(f"cannot probe the nodes: {error}", pytrace=False)
+        pytest.skip(f"the nodes were not probed: {gpucluster_session.not_probed or 'no probe ran'}")
+    return facts
 
 
 class DryRunCluster:

@@ -104,6 +104,15 @@ def _percent(text: str) -> float:
     return parse_fraction(text if text.endswith("%") else f"{text}%" if float(text) > 1 else text)
 
 
+def _env_pattern(text: str) -> str:
+    from pytest_gpucluster.launch.forward_env import check_pattern
+
+    try:
+        return check_pattern(text, "--forward-env")
+    except SettingsError as exc:
+        raise ValueError(str(exc).removeprefix("--forward-env: ")) from None
+
+
 def _path(text: str) -> Path:
     return Path(text).expanduser()
 
@@ -184,6 +193,35 @@ OPTIONS: tuple[_Option, ...] = (
         "TEMPLATE",
     ),
     _Option(
+        "--forward-env",
+        "forward_env",
+        "forward this environment variable (or shell pattern, e.g. 'MY_SITE_*') from this process to "
+        "every rank, besides PATH, LD_LIBRARY_PATH, PYTHONPATH, VIRTUAL_ENV, CUDA_*, NCCL_*, FI_*, OFI_*, "
+        "UCX_*, TORCH_*, HF_* and OMP_NUM_THREADS (repeatable)",
+        (),
+        _env_pattern,
+        "PATTERN",
+        multiple=True,
+    ),
+    _Option(
+        "--rendezvous-timeout",
+        "rendezvous_timeout",
+        "seconds the ranks of a one-node job get to start and meet; each further node adds 2 s "
+        "(raise it where containers or a cold shared filesystem make start-up slow)",
+        120.0,
+        _positive_seconds,
+        "SECONDS",
+    ),
+    _Option(
+        "--slurm-cpu-bind",
+        "slurm_cpu_bind",
+        "with --launcher slurm: srun's --cpu-bind value for every step, e.g. 'cores' or 'none' (default: "
+        "the site's)",
+        None,
+        str,
+        "BIND",
+    ),
+    _Option(
         "--results-dir",
         "results_dir",
         "where results.json, reports and per-rank logs go (default: gpucluster-results/<timestamp>)",
@@ -194,7 +232,8 @@ OPTIONS: tuple[_Option, ...] = (
     _Option(
         "--job-timeout",
         "job_timeout",
-        "seconds before a launched job is declared hung and killed (tests may ask for less)",
+        "seconds before a launched job is declared hung and killed; SFT cases and sweeps otherwise get a "
+        "deadline derived from their work (an SFT case's own 'timeout:' wins over both)",
         DEFAULT_JOB_TIMEOUT_S,  # profiles check holds each sft case's estimated run time against it
         _positive_seconds,
         "SECONDS",
@@ -299,6 +338,9 @@ class Settings:
     launcher_args: tuple[str, ...] | None
     slurm_mode: str
     remote_exec: tuple[str, ...]
+    forward_env: tuple[str, ...]
+    rendezvous_timeout: float
+    slurm_cpu_bind: str | None
     results_dir: Path | None
     job_timeout: float
     nccl_log: tuple[str, ...]

@@ -56,6 +56,9 @@ class RankOutcome:
     """Why it skipped."""
     started_at: float | None = None
     finished_at: float | None = None
+    gpu: dict[str, Any] | None = None
+    """The CUDA device the rank took: ``index``, ``visible``, ``cuda_visible_devices``, ``uuid``
+    (None on CPU ranks)."""
 
     @property
     def ok(self) -> bool:
@@ -274,6 +277,7 @@ def build_result(
                 reason=state.get("reason"),
                 started_at=state.get("started_at"),
                 finished_at=state.get("finished_at"),
+                gpu=state.get("gpu"),
             )
         )
     notes = list(process.notes)

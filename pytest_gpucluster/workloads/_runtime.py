@@ -147,7 +147,8 @@ class RankContext:
     node_rank: int
     host: str
     device: str
-    """``"cpu"`` or ``"cuda:<local_rank>"``."""
+    """``"cpu"`` or ``"cuda:<i>"``, ``i = local_rank % visible devices`` (one per rank where the site
+    binds one GPU per task); ``rank-<r>.json`` records the GPU's UUID under ``"gpu"``."""
     backend: str
     """The process group's backend: ``"gloo"`` or ``"nccl"``."""
     job_dir: Path
