@@ -72,7 +72,7 @@ def cuda_checks(facts: ClusterFacts, profile: ProfileModel) -> list[Check]:
     for node in _answered(facts):
         why = node.capabilities()["cuda"]
         if expects:
-            hint = why or f"node {node.host}: {node.gpu_count} GPU(s) usable by torch {node.torch}"
+            hint = f"node {node.host}: " + (why or f"{node.gpu_count} GPU(s) usable by torch {node.torch}")
         else:
             hint = f"node {node.host}: profile {profile.name} is CPU-only" + (
                 "" if why else " but this node has usable GPUs; pick a GPU profile with --hw"

@@ -88,45 +88,39 @@ class NodeFacts:
         return tuple(g.name for g in self.gpus)
 
     def capabilities(self) -> dict[str, str | None]:
-        """Each of `NODE_CAPABILITIES` -> None when this node has it, else the reason it has not."""
-        where = f"node {self.host}"
+        """Each of `NODE_CAPABILITIES` -> None when this node has it, else why not, as a clause
+        without the node's name (`ClusterFacts.missing` groups nodes that lack it alike)."""
         if self.error:
-            return dict.fromkeys(NODE_CAPABILITIES, f"{where} could not be probed ({self.error})")
-        out: dict[str, str | None] = {}
-        if not self.gpus:
-            out["cuda"] = f"{where} lists no GPU ({self.gpu_problem or 'no NVML, no nvidia-smi output'})"
-        elif self.cuda_available is False:
-            out["cuda"] = (
-                f"{where} lists {self.gpu_count} GPU(s) ({self.gpu_source}), but its torch {self.torch or '?'} "
-                f"cannot use them (torch.cuda.is_available() is False; a CPU-only torch build, or a "
-                f"driver older than torch's CUDA {self.torch_cuda or '?'})"
-            )
-        elif self.cuda_available is None:
-            out["cuda"] = (
-                f"{where}: torch could not be asked about its GPUs ({self.torch_problem or 'unknown'})"
-            )
-        else:
-            out["cuda"] = None
-        out["nccl"] = out["cuda"] or (
-            None if self.nccl_available else f"{where}: this torch build has no NCCL"
-        )
-        out["nvml"] = (
-            None
-            if self.gpu_source == "nvml"
-            else f"{where}: NVML unavailable ({self.gpu_problem or self.processes_problem or 'pynvml did not load; pip install nvidia-ml-py'})"
-        )
+            return dict.fromkeys(NODE_CAPABILITIES, f"could not be probed ({self.error})")
+        out: dict[str, str | None] = {"cuda": self._cuda_gap()}
+        out["nccl"] = out["cuda"] or (None if self.nccl_available else "this torch build has no NCCL backend")
+        nvml_why = self.processes_problem if self.gpu_source == "nvidia-smi" else self.gpu_problem
+        out["nvml"] = None if self.gpu_source == "nvml" else (nvml_why or "NVML unavailable")
         if out["nvml"]:
-            out["nvlink"] = f"{where}: NVLink state needs NVML ({out['nvml']})"
+            out["nvlink"] = f"NVLink state needs NVML ({out['nvml']})"
         else:
-            out["nvlink"] = None if self.nvlink_active else f"{where}: NVML reports no active NVLink"
+            out["nvlink"] = None if self.nvlink_active else "NVML reports no active NVLink"
         layers = {_kind(p) for p in self.ib_ports}
         for kind in ("ib", "roce", "efa"):
-            out[kind] = (
-                None
-                if kind in layers
-                else f"{where} has no {kind.upper()} device under /sys/class/infiniband"
-            )
+            out[kind] = None if kind in layers else f"no {kind.upper()} device under /sys/class/infiniband"
         return out
+
+    def _cuda_gap(self) -> str | None:
+        if not self.gpus:
+            return f"lists no GPU ({self.gpu_problem or 'no NVML, no nvidia-smi output'})"
+        if self.cuda_available is False:
+            build = (
+                "a CPU-only torch build (torch.version.cuda is None)"
+                if not self.torch_cuda
+                else f"torch is built for CUDA {self.torch_cuda}: is the driver too old for it?"
+            )
+            return (
+                f"lists GPUs ({self.gpu_source}), but its torch {self.torch or '?'} cannot use them "
+                f"(torch.cuda.is_available() is False: {build})"
+            )
+        if self.cuda_available is None:
+            return f"torch could not be asked about its GPUs ({self.torch_problem or 'unknown'})"
+        return None
 
     def to_json(self) -> dict[str, Any]:
         data = {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -153,6 +147,12 @@ class NodeFacts:
         values["processes"] = tuple(dict(p) for p in data.get("processes") or ())
         values["env"] = dict(data.get("env") or {})
         return cls(**{k: v for k, v in values.items() if k in cls.__dataclass_fields__})
+
+
+def _nodes(hosts: Sequence[str], shown: int = 4) -> str:
+    more = len(hosts) - shown
+    listed = ", ".join(hosts[:shown]) + (f" and {more} more" if more > 0 else "")
+    return f"node{'s' if len(hosts) > 1 else ''} {listed}"
 
 
 def _some(items: Sequence[str], shown: int = 3) -> str:
@@ -250,9 +250,16 @@ class ClusterFacts:
         return next((n for n in self.nodes if n.host == host), None)
 
     def missing(self, capability: str, hosts: Sequence[str] | None = None) -> list[str]:
-        """Why each node (of ``hosts``, default all) lacks ``capability``; empty when none does."""
+        """Why the nodes (of ``hosts``, default all) lack ``capability``, one sentence per reason
+        naming the nodes it holds for (``nodes gpu-01, gpu-02: lists no GPU (...)``); empty when
+        every node has it."""
         chosen = [n for n in self.nodes if hosts is None or n.host in hosts]
-        return [why for n in chosen if (why := n.capabilities().get(capability))]
+        by_reason: dict[str, list[str]] = {}
+        for node in chosen:
+            why = node.capabilities().get(capability)
+            if why:
+                by_reason.setdefault(why, []).append(node.host)
+        return [f"{_nodes(hosts_)}: {why}" for why, hosts_ in by_reason.items()]
 
     def min_gpus(self, hosts: Sequence[str] | None = None) -> tuple[int, str]:
         """The smallest GPU count of the nodes (of ``hosts``) and the node that has it."""

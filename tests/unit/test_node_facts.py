@@ -127,10 +127,11 @@ def test_capabilities_name_the_node_and_why(tmp_path):
     unmet = facts.unmet(min_gpus=8, needs=["cuda", "ib", "slurm"])
     assert unmet[0] == "needs 8 GPUs per node: node gpu-02 has 0"
     assert unmet[1].startswith(
-        "needs cuda: node gpu-01 lists 8 GPU(s) (nvidia-smi), but its torch 2.13.0+cpu"
+        "needs cuda: node gpu-01: lists GPUs (nvidia-smi), but its torch 2.13.0+cpu cannot use them "
+        "(torch.cuda.is_available() is False: a CPU-only torch build"
     )
-    assert "node gpu-02 could not be probed (its probe rank did not answer)" in unmet[1]
-    assert unmet[2].startswith("needs ib: node gpu-01 has no IB device under /sys/class/infiniband")
+    assert "; node gpu-02: could not be probed (its probe rank did not answer)" in unmet[1]
+    assert unmet[2].startswith("needs ib: node gpu-01: no IB device under /sys/class/infiniband")
     assert len(unmet) == 3  # slurm is the launching machine's business
 
 
@@ -147,3 +148,9 @@ def test_facts_survive_json_and_secrets_never_reach_them(tmp_path, monkeypatch):
     again = ClusterFacts.from_json(json.loads(json.dumps(facts.to_json())))
     assert again == facts
     assert again.nodes[0].env["FI_PROVIDER"] == "efa" and "hf_abc" not in json.dumps(facts.to_json())
+
+
+def test_nodes_lacking_a_capability_alike_are_named_in_one_sentence(tmp_path):
+    nodes = tuple(facts_from(tmp_path, f"gpu-0{i}", NO_DRIVER, code=9) for i in range(1, 7))
+    [sentence] = ClusterFacts(nodes, "t").missing("cuda")
+    assert sentence.startswith("nodes gpu-01, gpu-02, gpu-03, gpu-04 and 2 more: lists no GPU (")
