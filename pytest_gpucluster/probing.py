@@ -68,14 +68,14 @@ def as_machine(facts: ClusterFacts | None, machine: MachineInfo) -> MachineInfo:
         return machine
     names = tuple(name for node in facts.nodes for name in node.gpu_names)
     why = "; ".join(
-        n.error or n.gpu_problem or f"node {n.host} lists no GPU" for n in facts.nodes if not n.gpus
+        f"node {n.host}: {n.error or n.gpu_problem or 'lists no GPU'}" for n in facts.nodes if not n.gpus
     )
     hosts = ", ".join(n.host for n in facts.nodes)
     return MachineInfo(
         hostname=hosts or machine.hostname,
         cuda_available=bool(names),
         gpu_names=names,
-        reasons={"cuda": f"no GPU on the nodes probed ({why or 'none answered'})"},
+        reasons={"cuda": f"no GPU on the nodes ({why or 'none answered the probe'})"},
     )
 
 

@@ -138,7 +138,9 @@ class GpuClusterSession:
 
         self.probed = facts
         self.recorder.header["nodes"] = facts.to_json()
-        if not self.is_xdist_worker:
+        # A job's facts are left for the xdist workers; a local reading they take themselves
+        # (cheap), so that a session of plain tests leaves no results directory behind.
+        if not self.is_xdist_worker and facts.source.startswith("probe job"):
             self.results_dir.mkdir(parents=True, exist_ok=True)
             write_json_atomic(self.results_dir / PROBE_FILE, facts.to_json())
         cpus = [n.cpus for n in facts.nodes if n.cpus]
@@ -157,7 +159,7 @@ class GpuClusterSession:
                 import json
 
                 self.probed = ClusterFacts.from_json(json.loads(path.read_text(encoding="utf-8")))
-            elif os.environ.get("GPUCLUSTER_RANK_SIDE") == "1":
+            elif all_local(self.hosts) or os.environ.get("GPUCLUSTER_RANK_SIDE") == "1":
                 self.probed = probe_here(probe_options(self.forward_patterns))
         return self.probed
 

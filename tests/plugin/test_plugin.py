@@ -36,7 +36,8 @@ def test_header_names_auto_profile_and_reason(run):
     result = run()
     result.stdout.fnmatch_lines(
         [
-            "gpucluster: profile cpu-local (auto: no CUDA device on *), 1 node x 2 ranks, backend gloo, launcher torchrun"
+            "gpucluster: profile cpu-local (auto: no GPU on the nodes (node *: no NVML *)), 1 node x 2 ranks, "
+            "backend gloo, launcher torchrun"
         ]
     )
     assert result.ret == 0
