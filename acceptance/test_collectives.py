@@ -71,7 +71,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def collective_sweep(session: GpuClusterSession, params: Mapping[str, Any]) -> Part | None:
     """The sweeps of the test's case on the nodes its scope means (None: the scope cannot run here)."""
     profile = session.profile.model
-    return sweep_part(params["case"], profile.collectives, session.available_nodes, profile.cluster.backend)
+    return sweep_part(
+        params["case"], profile.collectives, session.available_nodes, profile.cluster.backend,
+        cluster=profile.cluster, ranks_per_node=session.ranks_per_node, settings=session.settings,
+    )  # fmt: skip
 
 
 def test_collective(

@@ -154,6 +154,54 @@ def _params(item: Any) -> Mapping[str, Any]:
     return callspec.params if callspec is not None else {}
 
 
+def _planned(
+    items: list[pytest.Item], session: GpuClusterSession, errors: list[str] | None = None
+) -> list[Part]:
+    """The parts the tests of ``items`` would run (tests that will skip for what the session
+    lacks left out), in test order. A planner that raises is left out (its test reports the
+    error when it runs); ``errors`` collects ``test: error`` for those."""
+    found = []
+    for item in items:
+        names = [n for n in getattr(item, "fixturenames", ()) if n in _PLANNERS]
+        if not names or item.get_closest_marker("skip") or session.unmet_requirements(item):
+            continue
+        for name in names:
+            try:
+                part = _PLANNERS[name](session, _params(item))
+            except Exception as exc:
+                if errors is not None:
+                    errors.append(f"{item.nodeid}: {exc}")
+                continue
+            if part is not None:
+                found.append(part)
+    return found
+
+
+def dry_run_plan(items: list[pytest.Item], session: GpuClusterSession) -> list[str]:
+    """``--gpucluster-dry-run``: one line per distinct job part the selected tests would run, with
+    its nodes, ranks and job timeout, where that timeout comes from and the run time it was set
+    against (`plans.deadlines`); then the tests whose part could not be planned, and why."""
+    lines, seen, errors = [], set(), []
+    for part in _planned(items, session, errors):
+        if part.key in seen:
+            continue
+        seen.add(part.key)
+        ranks = part.nproc_per_node or session.ranks_per_node
+        deadline = part.deadline or f"job timeout {part.timeout_s:g} s (fixed by its test; no estimate)"
+        lines.append(f"[dry run] plan: {part.name}: {part.nodes} node(s) x {ranks} rank(s), {deadline}")
+    if lines:
+        lines.append(
+            "[dry run] plan: parts of the same nodes x ranks and environment run in one job, "
+            "whose timeout is the sum of theirs"
+        )
+    else:
+        lines.append(
+            "[dry run] plan: no job: the selected tests launch nothing here, or skip for what the session lacks (-rs)"
+        )
+    lines += [f"[dry run] plan: cannot plan {error}" for error in errors]
+    return lines
+
+
 def _upcoming(pytest_session: pytest.Session, session: GpuClusterSession) -> Callable[[], list[Part]]:
     """The parts of the selected tests from the running one on, except tests that will skip for
     what the session lacks: what a job launched now may run for them too."""
@@ -166,19 +214,7 @@ def _upcoming(pytest_session: pytest.Session, session: GpuClusterSession) -> Cal
         items = list(pytest_session.items)
         ids = [item.nodeid for item in items]
         start = ids.index(session.recorder.current_test) if session.recorder.current_test in ids else 0
-        found = []
-        for item in items[start:]:
-            names = [n for n in getattr(item, "fixturenames", ()) if n in _PLANNERS]
-            if not names or item.get_closest_marker("skip") or session.unmet_requirements(item):
-                continue
-            for name in names:
-                try:
-                    part = _PLANNERS[name](session, _params(item))
-                except Exception:
-                    continue
-                if part is not None:
-                    found.append(part)
-        return found
+        return _planned(items[start:], session)
 
     return parts
 

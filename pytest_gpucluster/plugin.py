@@ -130,6 +130,16 @@ def _terminal_writer(config: pytest.Config) -> Any:
     return write
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A dry run prints the plan: every job the selected tests would launch, with its deadline."""
+    gc = session.config.stash.get(SESSION_KEY, None)
+    if gc is None or gc.is_xdist_worker or not gc.settings.dry_run:
+        return
+    write = gc.progress or print
+    for line in _fixtures.dry_run_plan(list(session.items), gc):
+        write(line)
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     session = config.stash.get(SESSION_KEY, None)
     return session.header_lines() if session else []
