@@ -161,7 +161,8 @@ OPTIONS: tuple[_Option, ...] = (
     _Option(
         "--launcher",
         "launcher",
-        f"how ranks are started: {', '.join(LAUNCHERS)}",
+        f"how ranks are started: {', '.join(LAUNCHERS)} (default: slurm inside a Slurm allocation "
+        "without --hostfile, else torchrun)",
         "torchrun",
         _launcher,
         "NAME",
@@ -380,6 +381,8 @@ def resolve_settings(config: pytest.Config, environ: Mapping[str, str] | None = 
             values[opt.name] = tuple(opt.parse(item) for item in raw) if opt.multiple else opt.parse(raw)
         except ValueError as exc:
             raise SettingsError(f"{opt.flag}: {exc} (from {source})") from None
+    if sources["launcher"] == "default" and values["hostfile"] is None and (why := _in_allocation(env)):
+        values["launcher"], sources["launcher"] = "slurm", f"default {why}"
     return Settings(
         **values,
         dry_run=bool(config.getoption("gpucluster_dry_run")),
@@ -387,6 +390,19 @@ def resolve_settings(config: pytest.Config, environ: Mapping[str, str] | None = 
         reap=bool(config.getoption("gpucluster_reap")),
         sources=sources,
     )
+
+
+def _in_allocation(env: Mapping[str, str]) -> str | None:
+    """Why the launcher defaults to slurm: pytest runs inside a Slurm allocation (``salloc``, an
+    ``sbatch`` script; not inside one of its steps, where a rank-side pytest runs), so the nodes to
+    test are the allocation's, not this machine. None outside one."""
+    if (
+        not env.get("SLURM_JOB_NODELIST")
+        or env.get("SLURM_STEP_ID")
+        or env.get("GPUCLUSTER_RANK_SIDE") == "1"
+    ):
+        return None
+    return f"inside Slurm allocation {env.get('SLURM_JOB_ID', '?')} (SLURM_JOB_NODELIST set, no --hostfile)"
 
 
 def _raw_value(config: pytest.Config, env: Mapping[str, str], opt: _Option) -> tuple[Any, str]:

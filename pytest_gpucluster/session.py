@@ -243,7 +243,7 @@ class GpuClusterSession:
         lines = [
             f"gpucluster: profile {self.profile.name} ({self.profile_reason}), "
             f"{nodes} node{'s' if nodes != 1 else ''} x {self.ranks_per_node} ranks, backend {cluster.backend}, "
-            f"launcher {self.settings.launcher}",
+            f"launcher {self.settings.launcher}{self._launcher_why()}",
             f"gpucluster: thresholds {self.profile.path} (sha256 {self.profile.sha256[:12]})",
             f"gpucluster: results -> {self.results_dir}",
         ]
@@ -255,6 +255,10 @@ class GpuClusterSession:
         if self.settings.dry_run:
             lines.append("gpucluster: dry run — commands are printed, nothing is launched")
         return lines
+
+    def _launcher_why(self) -> str:
+        source = self.settings.source("launcher")
+        return f" ({source.removeprefix('default ')})" if source.startswith("default inside") else ""
 
     def _probe_lines(self) -> list[str]:
         facts = self.probed

@@ -137,3 +137,32 @@ def test_plain_tests_leave_no_results(pytester, tmp_path):
     assert result.ret == 0
     assert not (tmp_path / "res").exists()
     assert "gpucluster summary" not in result.stdout.str()
+
+
+def test_inside_a_slurm_allocation_the_nodes_are_the_allocations(run, monkeypatch, capsys):
+    """``salloc -N 2`` then plain ``pytest``: the launcher defaults to slurm, so the session tests the
+    allocation's two nodes (not the login node it runs on) and the header says why; the probe's
+    srun command is printed by the dry run. A hostfile, or an explicit --launcher, keeps its word."""
+    for key in ("SLURM_STEP_ID", "GPUCLUSTER_LAUNCHER", "GPUCLUSTER_RANK_SIDE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[07-08]")
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2")
+    result = run("--hw=cpu-local", "--gpucluster-dry-run", source="def test_x(hw):\n    pass\n")
+    result.stdout.fnmatch_lines(
+        [
+            "gpucluster: profile cpu-local (*), 2 nodes x 2 ranks, backend gloo, launcher slurm "
+            "(inside Slurm allocation 4242 (SLURM_JOB_NODELIST set, no --hostfile))",
+        ]
+    )
+    probe = [line for line in capsys.readouterr().out.splitlines() if "[dry run] probe: gpu07: " in line]
+    assert probe and " srun " in probe[0] and "--nodelist=gpu07,gpu08" in probe[0], probe
+    explicit = run(
+        "--hw=cpu-local", "--launcher=torchrun", "--gpucluster-dry-run", source="def test_x(hw):\n    pass\n"
+    )
+    explicit.stdout.fnmatch_lines(
+        ["gpucluster: profile cpu-local (*), 1 node x 2 ranks, backend gloo, launcher torchrun"]
+    )
+    monkeypatch.setenv("SLURM_STEP_ID", "0")  # a pytest inside a step (a rank) is not the controller
+    in_step = run("--hw=cpu-local", "--gpucluster-dry-run", source="def test_x(hw):\n    pass\n")
+    in_step.stdout.fnmatch_lines(["*launcher torchrun"])
