@@ -289,7 +289,13 @@ class GpuClusterSession:
         if self.hostfile is not None:
             spec = ClusterSpec.from_hostfile(self.hostfile, self.ranks_per_node, self.backend)
         elif launcher_name == "slurm" and os.environ.get("SLURM_JOB_NODELIST"):
-            spec = ClusterSpec.from_slurm_env(backend=self.backend)
+            # The allocation's nodes, at the session's ranks per node (as with a hostfile): a login
+            # shell under salloc has no SLURM_GPUS_ON_NODE and often no tasks per node.
+            allocation = ClusterSpec.from_slurm_env(backend=self.backend)
+            rpn = self.ranks_per_node
+            spec = replace(
+                allocation, hosts=tuple((h, rpn) for h in allocation.host_names), nproc_per_node=rpn
+            )
         else:
             spec = ClusterSpec.from_local(self.ranks_per_node, self.backend)
         nnodes = self.settings.nnodes
