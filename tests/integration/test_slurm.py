@@ -25,6 +25,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from pytest_gpucluster.launch.job import Cluster
 from pytest_gpucluster.launch.slurm import cancel_by_name, find_ids
 from pytest_gpucluster.workloads import basic
 
+REPO = Path(__file__).parents[2]
 SBIN = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/local/sbin"])
 TOOLS = ("slurmctld", "slurmd", "srun", "salloc", "sinfo", "squeue", "scancel")
 
@@ -403,3 +405,34 @@ def test_one_gpu_per_task_gives_each_rank_its_own_device(slurm_cluster, tmp_path
     assert "--gpus-per-task=1" in result.commands[0].argv
     visible = [v["env"].get("CUDA_VISIBLE_DEVICES") for v in result.values]
     assert all(v is not None and len(v.split(",")) == 1 for v in visible), visible
+
+
+SBATCH_TEST = """
+def test_one_step(cluster):
+    result = cluster.run("pytest_gpucluster.workloads.basic:all_reduce_sum", timeout=90)
+    assert [v["sum"] for v in result.values] == [3.0, 3.0], result.failure_report()
+    assert result.commands[0].argv[0] == "srun", result.commands[0].argv
+"""
+
+
+def test_an_sbatch_script_is_the_controller_and_launches_steps_of_its_job(slurm_cluster, tmp_path):
+    """README's batch recipe: a script that runs plain ``pytest`` (no --launcher, no hostfile)
+    inside ``sbatch`` tests the job's nodes through srun steps of that job, and says so."""
+    (tmp_path / "test_in_batch.py").write_text(SBATCH_TEST)
+    out = tmp_path / "batch.out"
+    env = {
+        k: v
+        for k, v in slurm_cluster.env.items()
+        if not k.startswith(("GPUCLUSTER_", "PYTEST_", "_GPUCLUSTER"))
+    }
+    script = (
+        f"cd {tmp_path} && PYTHONPATH={REPO} {sys.executable} -m pytest test_in_batch.py --hw=cpu-local "
+        f"-p no:cacheprovider -p no:xdist --results-dir={tmp_path / 'r'}"
+    )
+    done = subprocess.run(
+        ["sbatch", "--wait", "--nodes=1", "--ntasks=2", "--job-name=gc-batch", f"--output={out}", "--wrap", script],
+        env=env, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    said = out.read_text() if out.exists() else done.stdout + done.stderr
+    assert done.returncode == 0, said
+    assert "launcher slurm (inside Slurm allocation" in said and "1 passed" in said, said
