@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 import pytest
+from node_fakes import use_machine
 
 from pytest_gpucluster.profiles.detect import MachineInfo
 from pytest_gpucluster.results.text import format_value
@@ -22,6 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 ACCEPTANCE = REPO / "acceptance" / "test_nvlink.py"
 SMI = REPO / "tests" / "data" / "nvidia_smi"
 WHY = "no CUDA device on testhost (no nvidia-smi, no /dev/nvidia*)"
+# As the marks say it, judged on the node's probe: the node is named, then what it lacks.
+NO_GPU_LISTED = f"node testhost: lists no GPU ({WHY})"
+NO_NVLINK = f"node testhost: NVLink state needs NVML ({WHY})"
 # pytester points HOME at a fresh directory, where DeepSpeed would build its shm op again (~30 s, minutes
 # on a busy machine): the ranks keep the cache directory the CI prebuilds it in (torch's default build
 # root is $XDG_CACHE_HOME/torch_extensions/py311_cpu), read before pytester moves HOME.
@@ -167,7 +171,7 @@ nvlink:
 def run(pytester, tmp_path, monkeypatch):
     monkeypatch.delenv("GPUCLUSTER_HW", raising=False)
     monkeypatch.delenv("_GPUCLUSTER_SESSION_RESULTS_DIR", raising=False)
-    monkeypatch.setattr("pytest_gpucluster.session.detect_machine", lambda: NO_GPU)
+    use_machine(monkeypatch, NO_GPU)
     monkeypatch.setenv("XDG_CACHE_HOME", CACHE_HOME)
     pytester.makepyfile(test_nvlink=ACCEPTANCE.read_text(encoding="utf-8"))
 
@@ -194,9 +198,9 @@ def test_cpu_local_skips_nvlink_tests_naming_the_capability_and_gates_the_real_s
     result.assert_outcomes(failed=1, skipped=5)
     result.stdout.fnmatch_lines_random(
         [
-            f"SKIPPED [[]2[]] *needs nvlink: {WHY}",
-            f"SKIPPED [[]2[]] *needs nccl: {WHY}; needs nvlink: {WHY}",
-            f"SKIPPED [[]1[]] *needs nccl: {WHY}; needs multi-node: the cluster has 1 node*",
+            f"SKIPPED [[]2[]] *needs nvlink: {NO_NVLINK}",
+            f"SKIPPED [[]2[]] *needs nccl: {NO_GPU_LISTED}; needs nvlink: {NO_NVLINK}",
+            f"SKIPPED [[]1[]] *needs nccl: {NO_GPU_LISTED}; needs multi-node: the cluster has 1 node*",
         ]
     )
     got = measurements(tmp_path)
@@ -231,7 +235,7 @@ def test_a_profile_without_nvlink_settings_skips_the_speedup_naming_the_key(run,
 
 
 def _gpu_run(run, pytester, monkeypatch, scenario: dict):
-    monkeypatch.setattr("pytest_gpucluster.session.detect_machine", lambda: NVLINK_NODE)
+    use_machine(monkeypatch, NVLINK_NODE)
     pytester.makeconftest(FAKE_CLUSTER.format(scenario=scenario))
     profile = pytester.path / "dgx-h100-ib-nvlink-test.yaml"
     profile.write_text(DGX_EXTRA)
