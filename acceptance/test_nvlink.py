@@ -40,6 +40,7 @@ from pytest_gpucluster.fixtures import job_part
 from pytest_gpucluster.harness import Part, PartRun
 from pytest_gpucluster.maths.sweep import summarize_sweep
 from pytest_gpucluster.plans import nvlink as plans
+from pytest_gpucluster.results.model import Check
 from pytest_gpucluster.session import GpuClusterSession, get_session
 
 NVLINK = pytest.mark.gpucluster(needs=["nccl", "nvlink"])
@@ -114,7 +115,7 @@ def test_speedup(
     """Fast path over slow path, per size, against ``nvlink.min_speedup`` (module doc, (d))."""
     _setting(hw, "min_speedup")
     sizes = plans.speedup_sizes(hw)
-    transports: list[Any] = []
+    transports: list[Check] = []
     untrusted = None
     if speedup_path == "nccl":
         fast, slow = (shared_jobs.run(part, request.node.nodeid) for part in plans.speedup_parts(hw))
