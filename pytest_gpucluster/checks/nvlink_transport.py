@@ -18,7 +18,7 @@ transports cannot be verified (``NCCL_DEBUG`` overridden, or the log cut off). E
 settings are recorded in the checks' labels (``env``); the session's NCCL environment under
 them is in results.json's header.
 
-Pure: log texts in, checks out (``parsers.nccl_log`` reads the lines).
+Pure: log texts in, checks out (``parsers.nccl_log`` reads the lines); no torch, no pytest, no I/O.
 """
 
 from __future__ import annotations
