@@ -4,11 +4,16 @@ The profile's ``-b -e -f`` grid for the case's collective (nccl-tests' semantics
 sweep for every checked size off that grid (a 32 GB check beyond a 16 GiB grid, a 3 MiB one between
 points). Every case is its own `Part`; the harness runs the parts of one node count in one job, so
 the sweeps of all collectives share a start-up. Pure: no torch, no pytest.
+
+The sweep of a scope runs under that scope's ``collectives.scope_env`` (:func:`job_env`), so an
+inter-node floor measured with Tree or NVLSTree is measured with it again (NCCL otherwise picks
+Ring or Tree on 2 nodes by its own model). Those entries win over the session's NCCL variables,
+the user's included, for that job only; the checks record ``NCCL_ALGO`` as the ``nccl_algo`` label.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,13 +23,15 @@ from pytest_gpucluster.harness import Part
 from pytest_gpucluster.maths.metrics import bus_factor
 from pytest_gpucluster.maths.sweep import sweep_sizes
 from pytest_gpucluster.plans.deadlines import DEADLINE_MARGIN, Deadline, explicit_timeout
-from pytest_gpucluster.profiles.schema import ClusterSection, CollectivesSection, SweepSettings
+from pytest_gpucluster.profiles.nccl_env import scope_env
+from pytest_gpucluster.profiles.schema import ClusterSection, CollectivesSection, ProfileModel, SweepSettings
 
 __all__ = [
     "WORKLOAD",
     "SweepRequest",
     "estimate_sweep_runtime",
     "expected_busbw",
+    "job_env",
     "job_options",
     "job_timeout",
     "sweep_deadline",
@@ -191,19 +198,29 @@ def _estimate_text(estimate: tuple[float, str] | str | None) -> str:
     return estimate[1] if isinstance(estimate, tuple) else f"run time not estimated: {estimate}"
 
 
+def job_env(profile: ProfileModel, scope: str) -> dict[str, str]:
+    """What the sweep job of ``scope`` sets over the session's NCCL environment: the scope's
+    ``collectives.scope_env`` entries (``profiles.nccl_env.scope_env`` less what ``nccl_env``,
+    already in every job, sets the same)."""
+    base = profile.nccl_env
+    return {k: v for k, v in scope_env(profile, scope).items() if base.get(k) != v}
+
+
 def sweep_part(
     case: Case,
     section: CollectivesSection,
     available_nodes: int,
     backend: str,
+    env: Mapping[str, str] | None = None,
     *,
     cluster: ClusterSection | None = None,
     ranks_per_node: int = 1,
     settings: Any = None,
 ) -> Part | None:
-    """The sweeps of one case on the nodes its scope means; None when the scope cannot run here
-    (the test skips with ``scope_nodes``' reason). Its deadline: `sweep_deadline` (``cluster`` gives
-    the expected bandwidth, ``settings`` an explicit ``--job-timeout``)."""
+    """The sweeps of one case on the nodes its scope means, under ``env`` (:func:`job_env`); None
+    when the scope cannot run here (the test skips with ``scope_nodes``' reason). Its deadline:
+    `sweep_deadline` (``cluster`` gives the expected bandwidth, ``settings`` an explicit
+    ``--job-timeout``)."""
     nodes, reason = scope_nodes(case.scope, available_nodes)
     if reason is not None:
         return None
@@ -216,6 +233,7 @@ def sweep_part(
         workload=WORKLOAD,
         options=job_options(requests, section.sweep, section.repeat),
         nodes=nodes,
+        env=dict(env or {}),
         timeout_s=deadline.seconds,
         deadline=deadline.text,
     )
