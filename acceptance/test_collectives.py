@@ -137,15 +137,19 @@ def nccl_tests(
         command = build_command(
             binary, hosts, gpucluster_session.ranks_per_node, min_bytes=size, max_bytes=size, factor=2,
             warmup=sweep.warmup, iters=sweep.iters, dtype=sweep.dtype, op=sweep.op, check=sweep.check,
-            env=env,
+            env=env, launcher=gpucluster_session.cluster.launcher,
+            forward_patterns=gpucluster_session.forward_patterns,
         )  # fmt: skip
         if gpucluster_session.settings.dry_run:
             print(f"[dry run] {command.shell_line()}")
             pytest.skip("--gpucluster-dry-run: commands printed, nothing launched")
-        runs += [
-            run_command(command, logs / f"{nccl_case.id}-{size}-{rep}.log", 600.0)
-            for rep in range(hw.collectives.repeat)
-        ]
+        try:
+            runs += [
+                run_command(command, logs / f"{nccl_case.id}-{size}-{rep}.log", 600.0)
+                for rep in range(hw.collectives.repeat)
+            ]
+        except GpuClusterError as exc:  # a failed, hung or non-MPI run: its own words, no traceback
+            pytest.fail(str(exc), pytrace=False)
     data = CollectiveData(nccl_case.collective, tuple(points_from_runs(runs)), hosts=tuple(hosts))
     return data, f"{binary.name} on {', '.join(hosts)} (logs in {logs})", nodes, env
 

@@ -166,8 +166,9 @@ def nccl_tests_argv(
     allow_run_as_root: bool = False,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
-    """``mpirun -np N*G -H h1:G,h2:G --map-by ppr:G:node -x ... <binary> -b MIN -e MAX -f F -g 1``:
-    one process per GPU (``-g 1``), as nccl-tests' README runs it with MPI."""
+    """``mpirun -np N*G -H h1:G,h2:G --map-by ppr:G:node -x ... <binary> -b MIN -e MAX -f F -g 1 ... -c C``:
+    one process per GPU (``-g 1``), as nccl-tests' README runs it with MPI; ``-c 1`` or ``-c 0``
+    always, never the binary's default."""
     if not hosts:
         raise SettingsError("nccl-tests needs at least one host to run on")
     if gpus_per_node < 1:
@@ -190,6 +191,4 @@ def nccl_tests_argv(
         argv += ["-n", str(iters)]
     if warmup_iters is not None:
         argv += ["-w", str(warmup_iters)]
-    if check:
-        argv += ["-c", "1"]
-    return argv
+    return [*argv, "-c", "1" if check else "0"]  # explicit: builds differ in their default

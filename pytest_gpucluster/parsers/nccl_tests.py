@@ -28,7 +28,7 @@ from typing import Any
 
 from pytest_gpucluster.errors import ParseError
 
-__all__ = ["Measurement", "Row", "Run", "format_table", "parse", "runs_as_json"]
+__all__ = ["Measurement", "Row", "Run", "format_table", "parse", "runs_as_json", "strip_prefixes"]
 
 PLACEMENTS = ("out_of_place", "in_place")
 
@@ -177,7 +177,7 @@ def parse(text: str, source: str = "the input") -> list[Run]:
         return current
 
     for raw in text.splitlines():
-        line = _strip_prefixes(raw)
+        line = strip_prefixes(raw)
         if not line:
             continue
         if line.startswith("#"):
@@ -233,7 +233,8 @@ def parse(text: str, source: str = "the input") -> list[Run]:
     return runs
 
 
-def _strip_prefixes(raw: str) -> str:
+def strip_prefixes(raw: str) -> str:
+    """The line without launcher prefixes (``[1,0]<stdout>:``, ``0: ``, ``host: ``) and spaces."""
     line = raw.rstrip()
     for _ in range(2):  # pdsh around mpirun --tag-output, or the other way round
         line = _LABEL.sub("", _TAG.sub("", line), count=1)

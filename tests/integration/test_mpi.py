@@ -36,4 +36,4 @@ def test_the_nccl_tests_command_line_is_accepted_by_open_mpi():
     argv = nccl_tests_argv("/bin/echo", ["localhost"], 2, allow_run_as_root=os.geteuid() == 0)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["-b 8 -e 128M -f 2 -g 1"] * 2
+    assert done.stdout.splitlines() == ["-b 8 -e 128M -f 2 -g 1 -c 0"] * 2

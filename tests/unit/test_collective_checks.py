@@ -341,8 +341,10 @@ args = sys.argv[1:]
 Path(__file__).with_suffix(".argv").write_text(" ".join(args))
 size = int(args[args.index("-b") + 1])
 cell = Measurement(time_us=100.0, algbw_gbs=size / 100e3, busbw_gbs=size / 100e3, wrong=0)
-print("# nThread 1 nGpus 2 minBytes", size)
-print("#  Rank  0 Group  0 Pid   1 on   node0 device  0 [0x1a] NVIDIA H100")
+gpus = int(args[args.index("-g") + 1])
+print("# nThread 1 nGpus", gpus, "minBytes", size)
+for gpu in range(gpus):
+    print(f"#  Rank {{gpu:2d}} Group  0 Pid   1 on   node0 device {{gpu:2d}} [0x1a] NVIDIA H100")
 print(format_table([Row(size, size // 2, "bfloat16", "sum", -1, cell, cell)], collective="all_reduce"))
 sys.exit({code})
 """

@@ -230,7 +230,7 @@ def test_nccl_tests_argv_is_seed_002s_command_line():
     )
     assert argv == [
         "mpirun", "-np", "16", "-H", "node001:8,node002:8", "--map-by", "ppr:8:node", "--bind-to", "none",
-        "/opt/nccl-tests/build/all_reduce_perf", "-b", "256", "-e", "32G", "-f", "2", "-g", "1",
+        "/opt/nccl-tests/build/all_reduce_perf", "-b", "256", "-e", "32G", "-f", "2", "-g", "1", "-c", "0",
     ]  # fmt: skip
     more = nccl_tests_argv(
         "all_gather_perf", ["a"], 2, iters=20, warmup_iters=5, check=True, env={"NCCL_DEBUG": "INFO"},

@@ -15,7 +15,9 @@ from pytest_gpucluster.maths.metrics import bus_factor
 from pytest_gpucluster.parsers.nccl_tests import Measurement, Row, Run, format_table, parse
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nccl_tests"
-SAMPLES = sorted(p.name for p in DATA.iterdir() if p.name != "SOURCES.md")
+SAMPLES = sorted(p.name for p in DATA.iterdir() if p.name != "SOURCES.md" and "_non_mpi_" not in p.name)
+"""Every recorded table; the ``_non_mpi_`` excerpts hold headers of lone processes and no row, and are
+read by the rank check (test_nccl_tests_launch.py)."""
 
 
 def runs_of(name: str) -> list[Run]:
