@@ -8,7 +8,10 @@ before anyone noticed, the other be killed healthy. So an SFT case's deadline co
    override for every job that has no ``timeout:`` of its own;
 3. the work: :data:`DEADLINE_MARGIN` times the case's estimated run time
    (`profiles.estimates.estimate_case_runtime`: steps x a deliberately slow step at 15% MFU of the
-   device's peak, plus start-up), at least :data:`MIN_DERIVED_S`;
+   device's peak, plus 180 s start-up), plus the rendezvous allowance (`rendezvous_allowance`: what
+   the session's ``--rendezvous-timeout``, scaled for the job's node count, grants the ranks to
+   start beyond those 180 s; a site that needs minutes of container start-up says so there, and
+   its derived deadlines grow with it), at least :data:`MIN_DERIVED_S`;
 4. ``--job-timeout``'s default, where the work cannot be estimated (a model given as a path).
 
 Sweeps derive theirs from the bytes they move (``plans.collectives.sweep_deadline``): at a floor
@@ -24,11 +27,24 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_gpucluster.profiles.estimates import DEFAULT_JOB_TIMEOUT_S, RuntimeEstimate, estimate_case_runtime
+from pytest_gpucluster.launch.job import rendezvous_deadline
+from pytest_gpucluster.profiles.estimates import (
+    DEFAULT_JOB_TIMEOUT_S,
+    STARTUP_S,
+    RuntimeEstimate,
+    estimate_case_runtime,
+)
 from pytest_gpucluster.profiles.findings import seconds
 from pytest_gpucluster.profiles.schema import ProfileModel, SftCase
 
-__all__ = ["DEADLINE_MARGIN", "MIN_DERIVED_S", "Deadline", "explicit_timeout", "sft_deadline"]
+__all__ = [
+    "DEADLINE_MARGIN",
+    "MIN_DERIVED_S",
+    "Deadline",
+    "explicit_timeout",
+    "rendezvous_allowance",
+    "sft_deadline",
+]
 
 DEADLINE_MARGIN = 1.5
 """The estimate is already slow (15% MFU, 180 s start-up); half as much again covers a loaded
@@ -85,9 +101,26 @@ def sft_deadline(case: SftCase, profile: ProfileModel, *, nodes: int, settings: 
     if override is not None:
         return Deadline(override.seconds, override.why, estimated, how)
     if estimated is not None:
-        derived = max(math.ceil(estimated * DEADLINE_MARGIN / 60) * 60, MIN_DERIVED_S)
-        return Deadline(derived, f"derived: {DEADLINE_MARGIN:g} x the estimated run", estimated, how)
+        allowance, allowance_why = rendezvous_allowance(nodes, settings)
+        derived = max(math.ceil((estimated * DEADLINE_MARGIN + allowance) / 60) * 60, MIN_DERIVED_S)
+        why = f"derived: {DEADLINE_MARGIN:g} x the estimated run + {allowance_why}"
+        return Deadline(derived, why, estimated, how)
     return Deadline(DEFAULT_JOB_TIMEOUT_S, "--job-timeout default", None, how)
+
+
+def rendezvous_allowance(nodes: int, settings: Any) -> tuple[float, str]:
+    """``max(0, rendezvous deadline - 180 s)`` and the sentence the dry run shows: the start-up time
+    the session grants ranks (``--rendezvous-timeout`` for ``nodes`` nodes, `launch.job.rendezvous_deadline`)
+    that the estimate's own 180 s start-up does not already cover."""
+    granted = rendezvous_deadline(max(nodes, 1), settings.rendezvous_timeout)
+    allowance = max(0.0, granted - STARTUP_S)
+    source = settings.source("rendezvous_timeout")
+    text = (
+        f"rendezvous allowance {seconds(allowance)}: --rendezvous-timeout {settings.rendezvous_timeout:g} s "
+        f"(from {source}) grants {nodes} node(s) {seconds(granted)} to start, less the estimate's "
+        f"{STARTUP_S:g} s start-up"
+    )
+    return allowance, text
 
 
 def _peak(profile: ProfileModel) -> float | None:

@@ -12,14 +12,20 @@ import pytest
 
 from pytest_gpucluster.checks.collectives import cases
 from pytest_gpucluster.plans.collectives import estimate_sweep_runtime, sweep_part, sweep_requests
-from pytest_gpucluster.plans.deadlines import DEADLINE_MARGIN, MIN_DERIVED_S, Deadline, sft_deadline
+from pytest_gpucluster.plans.deadlines import (
+    DEADLINE_MARGIN,
+    MIN_DERIVED_S,
+    Deadline,
+    rendezvous_allowance,
+    sft_deadline,
+)
 from pytest_gpucluster.profiles.estimates import DEFAULT_JOB_TIMEOUT_S, estimate_case_runtime
 from pytest_gpucluster.profiles.loader import load_profile
 from pytest_gpucluster.profiles.schema import CollectivesSection
 
 
-def settings(job_timeout: float = DEFAULT_JOB_TIMEOUT_S, source: str = "default"):
-    return SimpleNamespace(job_timeout=job_timeout, source=lambda name: source)
+def settings(job_timeout: float = DEFAULT_JOB_TIMEOUT_S, source: str = "default", rendezvous: float = 120.0):
+    return SimpleNamespace(job_timeout=job_timeout, rendezvous_timeout=rendezvous, source=lambda name: source)
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +55,32 @@ def test_without_a_timeout_the_deadline_is_derived_from_the_work(h200):
     assert (
         explicit.seconds == 3600 and "--job-timeout from environment GPUCLUSTER_JOB_TIMEOUT" in explicit.text
     )
+
+
+def test_a_long_rendezvous_timeout_lengthens_derived_deadlines_only(h200):
+    """A site whose containers take minutes to start sets --rendezvous-timeout 600: a 2-node job's
+    ranks get 602 s to meet, 422 s beyond the estimate's 180 s start-up, and its derived deadline
+    grows by that much (shown in the dry-run line); a case's own timeout: and --job-timeout do not."""
+    case = h200.sft.cases[0].model_copy(update={"timeout": None})
+    estimate = estimate_case_runtime(case, h200.cluster, nodes=2)
+    site = settings(rendezvous=600.0, source="command line")
+    assert rendezvous_allowance(2, site)[0] == pytest.approx(422.0)
+    slow = sft_deadline(case, h200, nodes=2, settings=settings(rendezvous=600.0))
+    assert slow.seconds == max(-(-(estimate.total_s * DEADLINE_MARGIN + 422.0) // 60) * 60, MIN_DERIVED_S)
+    assert slow.seconds > sft_deadline(case, h200, nodes=2, settings=settings()).seconds
+    assert (
+        "+ rendezvous allowance 422 s (7.03 min): --rendezvous-timeout 600 s (from default) grants 2 node(s) "
+        "602 s (10 min) to start, less the estimate's 180 s start-up" in slow.text
+    )
+    # The default (120 s, 122 s for 2 nodes) lies inside the 180 s start-up: nothing added, and said so.
+    default = sft_deadline(case, h200, nodes=2, settings=settings())
+    assert "rendezvous allowance 0 s" in default.text
+    assert default.seconds == max(-(-(estimate.total_s * DEADLINE_MARGIN) // 60) * 60, MIN_DERIVED_S)
+    # The user's word is kept as given.
+    own = h200.sft.cases[0]
+    assert sft_deadline(own, h200, nodes=2, settings=settings(rendezvous=600.0)).seconds == own.timeout
+    explicit = sft_deadline(case, h200, nodes=2, settings=settings(3600, "command line", rendezvous=600.0))
+    assert explicit.seconds == 3600 and "rendezvous" not in explicit.text
 
 
 def test_a_short_case_gets_at_least_the_minimum():
