@@ -255,7 +255,7 @@ OPTIONS: tuple[_Option, ...] = (
         "--gpucluster-soak",
         "soak",
         "burn-in soak: repeat the gated collectives for this long (e.g. 10m, 90s, 1h) and gate the lowest "
-        "busbw and its variation over the window (acceptance/test_burnin.py::test_soak)",
+        "busbw and its variation over the window (acceptance/test_fabric.py::test_soak)",
         None,
         _soak_duration,
         "DURATION",

@@ -1,6 +1,6 @@
 """Verdicts on the fabric counters: which ports count, and which error counters grew over the run.
 
-``acceptance/test_burnin.py`` reads every node's ports first and last (``workloads/fabric_probe.py``,
+``acceptance/test_fabric.py`` reads every node's ports first and last (``workloads/fabric_probe.py``,
 parsed by ``parsers/fabric_ports.py``); :func:`counter_checks` judges the two readings against the
 profile's ``fabric:`` section:
 

@@ -1,4 +1,4 @@
-"""What the soak launches (``--gpucluster-soak``, acceptance/test_burnin.py::test_soak): one job on
+"""What the soak launches (``--gpucluster-soak``, acceptance/test_fabric.py::test_soak): one job on
 every node, ``workloads/soak.py``, repeating the profile's gated busbw points for the duration.
 
 The points and which of them this session can run are ``checks/burnin/soak.py``'s; this module

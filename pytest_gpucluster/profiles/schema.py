@@ -286,7 +286,7 @@ class SftSection(Section):
 
 
 class SoakSettings(Section):
-    """The soak (``--gpucluster-soak DURATION``, acceptance/test_burnin.py::test_soak): every busbw
+    """The soak (``--gpucluster-soak DURATION``, acceptance/test_fabric.py::test_soak): every busbw
     point of ``collectives.checks`` repeated for the duration on its scope (intra-node: every node at
     once; inter-node: every disjoint node pair at once; full: all nodes), in timed samples."""
 
@@ -370,7 +370,7 @@ class BurninSection(Section):
 
 
 class FabricSection(Section):
-    """Fabric ports (acceptance/test_burnin.py::test_fabric_before/after): every IB/RoCE port and
+    """Fabric ports (acceptance/test_fabric.py::test_fabric_before/after): every IB/RoCE port and
     network interface NCCL may use, read on every node before the first test and after the last;
     error counters that grew fail, naming node, device and port. Port count and rate are judged
     against ``cluster.nics_per_node`` and ``cluster.nic_line_rate``."""
