@@ -38,8 +38,10 @@ from pytest_gpucluster.launch.base import (
     merge_pythonpath,
 )
 from pytest_gpucluster.launch.guard import guard_argv
+from pytest_gpucluster.launch.job_files import read_rank_states
 from pytest_gpucluster.launch.leftovers import SessionTag
-from pytest_gpucluster.launch.process import LaunchSpec, read_rank_states, reap_argv, run_commands
+from pytest_gpucluster.launch.process import LaunchSpec, run_commands
+from pytest_gpucluster.launch.reaper import reap_argv
 from pytest_gpucluster.launch.result import JobResult, build_result
 from pytest_gpucluster.launch.xdist import launch_lock
 from pytest_gpucluster.workloads._runtime import JOB_FILE, JOB_ID_ENV, SESSION_ENV, write_json_atomic

@@ -21,7 +21,8 @@ from typing import Any
 
 from pytest_gpucluster.errors import JobFailed, JobSkipped
 from pytest_gpucluster.launch.base import LaunchCommand, is_local_host
-from pytest_gpucluster.launch.process import ProcessOutcome, tail_lines
+from pytest_gpucluster.launch.job_files import tail_lines
+from pytest_gpucluster.launch.process import ProcessOutcome
 from pytest_gpucluster.workloads._runtime import rank_log_path
 
 __all__ = ["JobResult", "JobSkipped", "RankOutcome", "build_result"]

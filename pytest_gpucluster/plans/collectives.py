@@ -4,11 +4,16 @@ The profile's ``-b -e -f`` grid for the case's collective (nccl-tests' semantics
 sweep for every checked size off that grid (a 32 GB check beyond a 16 GiB grid, a 3 MiB one between
 points). Every case is its own `Part`; the harness runs the parts of one node count in one job, so
 the sweeps of all collectives share a start-up. Pure: no torch, no pytest.
+
+The sweep of a scope runs under that scope's ``collectives.scope_env`` (:func:`job_env`), so an
+inter-node floor measured with Tree or NVLSTree is measured with it again (NCCL otherwise picks
+Ring or Tree on 2 nodes by its own model). Those entries win over the session's NCCL variables,
+the user's included, for that job only; the checks record ``NCCL_ALGO`` as the ``nccl_algo`` label.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,9 +21,18 @@ from pytest_gpucluster.checks.collectives import Case, scope_nodes
 from pytest_gpucluster.errors import ProfileError
 from pytest_gpucluster.harness import Part
 from pytest_gpucluster.maths.sweep import sweep_sizes
-from pytest_gpucluster.profiles.schema import CollectivesSection, SweepSettings
+from pytest_gpucluster.profiles.nccl_env import scope_env
+from pytest_gpucluster.profiles.schema import CollectivesSection, ProfileModel, SweepSettings
 
-__all__ = ["WORKLOAD", "SweepRequest", "job_options", "job_timeout", "sweep_part", "sweep_requests"]
+__all__ = [
+    "WORKLOAD",
+    "SweepRequest",
+    "job_env",
+    "job_options",
+    "job_timeout",
+    "sweep_part",
+    "sweep_requests",
+]
 
 WORKLOAD = "pytest_gpucluster.workloads.collectives:sweep_many"
 
@@ -90,9 +104,23 @@ def job_timeout(
     return 120.0 + 5.0 * len(requests) + moved / floor
 
 
-def sweep_part(case: Case, section: CollectivesSection, available_nodes: int, backend: str) -> Part | None:
-    """The sweeps of one case on the nodes its scope means; None when the scope cannot run here
-    (the test skips with ``scope_nodes``' reason)."""
+def job_env(profile: ProfileModel, scope: str) -> dict[str, str]:
+    """What the sweep job of ``scope`` sets over the session's NCCL environment: the scope's
+    ``collectives.scope_env`` entries (``profiles.nccl_env.scope_env`` less what ``nccl_env``,
+    already in every job, sets the same)."""
+    base = profile.nccl_env
+    return {k: v for k, v in scope_env(profile, scope).items() if base.get(k) != v}
+
+
+def sweep_part(
+    case: Case,
+    section: CollectivesSection,
+    available_nodes: int,
+    backend: str,
+    env: Mapping[str, str] | None = None,
+) -> Part | None:
+    """The sweeps of one case on the nodes its scope means, under ``env`` (:func:`job_env`); None
+    when the scope cannot run here (the test skips with ``scope_nodes``' reason)."""
     nodes, reason = scope_nodes(case.scope, available_nodes)
     if reason is not None:
         return None
@@ -102,5 +130,6 @@ def sweep_part(case: Case, section: CollectivesSection, available_nodes: int, ba
         workload=WORKLOAD,
         options=job_options(requests, section.sweep, section.repeat),
         nodes=nodes,
+        env=dict(env or {}),
         timeout_s=job_timeout(requests, section.sweep, section.repeat, backend),
     )

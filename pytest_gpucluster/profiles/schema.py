@@ -199,7 +199,8 @@ class NvlinkSection(Section):
     min_speedup: float | None = Field(
         None,
         gt=0,
-        description="Busbw with the fast path over busbw without it (NCCL_P2P_DISABLE=1; on CPU: shm over gloo).",
+        description="Busbw with the fast path over busbw without it (NCCL_P2P_DISABLE=1 NCCL_NVLS_ENABLE=0; "
+        "on CPU: shm over gloo).",
     )
     speedup_sizes: tuple[Size, ...] = (16 * 2**20,)
     min_busbw: Bandwidth | None = None
