@@ -57,16 +57,23 @@ class Spread:
     mad: float
     n: int
     values: tuple[float, ...] = ()
+    times: tuple[float, ...] = ()
+    """When each value was taken, in seconds from the first (a soak's time series, which the report
+    draws over time); empty for repeats whose moment does not matter."""
 
     @classmethod
-    def of(cls, values: Iterable[float]) -> Spread:
-        """Median, range and median absolute deviation of ``values`` (kept, in their order)."""
+    def of(cls, values: Iterable[float], times: Iterable[float] = ()) -> Spread:
+        """Median, range and median absolute deviation of ``values`` (kept, in their order), and
+        ``times`` when the values are a time series (one per value)."""
         data = tuple(float(v) for v in values)
         if not data:
             raise ValueError("a spread needs at least one value")
+        at = tuple(float(t) for t in times)
+        if at and len(at) != len(data):
+            raise ValueError(f"a time series needs one time per value: {len(at)} times, {len(data)} values")
         median = statistics.median(data)
         mad = statistics.median(abs(v - median) for v in data)
-        return cls(median=median, min=min(data), max=max(data), mad=mad, n=len(data), values=data)
+        return cls(median=median, min=min(data), max=max(data), mad=mad, n=len(data), values=data, times=at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +213,13 @@ class Measurement(Check):
             labels=dict(data.get("labels") or {}),
             spread=None
             if spread is None
-            else Spread(**{**spread, "values": tuple(spread.get("values", ()))}),
+            else Spread(
+                **{
+                    **spread,
+                    "values": tuple(spread.get("values", ())),
+                    "times": tuple(spread.get("times", ())),
+                }
+            ),
             hint=str(data.get("hint") or ""),
             test_id=str(data.get("test_id", "")),
             time=float(data.get("time") or 0.0),
@@ -221,6 +234,7 @@ def _spread_json(spread: Spread) -> dict[str, Any]:
         "mad": spread.mad,
         "n": spread.n,
         "values": list(spread.values),
+        **({"times": list(spread.times)} if spread.times else {}),
     }
 
 
