@@ -104,11 +104,26 @@ def test_counters_move_during_all_reduce(hw: Any, traffic: PartRun, results: Any
 def test_speedup(
     speedup_path: str, hw: Any, shared_jobs: Any, shm_vs_gloo_run: PartRun | None, request: Any, results: Any
 ) -> None:
-    """Fast path over slow path, per size, against ``nvlink.min_speedup`` (module doc, (d))."""
+    """Fast path over slow path, per size, against ``nvlink.min_speedup`` (module doc, (d)).
+    With ``--baseline``, a suspected regression measures both paths once more before it fails."""
     _setting(hw, "min_speedup")
+    checks, table = _speedup(speedup_path, hw, shared_jobs.run, shm_vs_gloo_run, request)
+
+    def again(_: Any) -> Any:
+        shm = (
+            None if shm_vs_gloo_run is None else shared_jobs.rerun(shm_vs_gloo_run.part, request.node.nodeid)
+        )
+        return _speedup(speedup_path, hw, shared_jobs.rerun, shm, request)[0]
+
+    results.check_all(checks, footer=table, remeasure=again)
+
+
+def _speedup(path: str, hw: Any, run_part: Any, shm_run: PartRun | None, request: Any) -> Any:
+    """The speedup checks and the table of both sides: NCCL's from the parts ``run_part`` runs,
+    the CPU analogue's from ``shm_run``."""
     sizes = plans.speedup_sizes(hw)
-    if speedup_path == "nccl":
-        fast, slow = (shared_jobs.run(part, request.node.nodeid) for part in plans.speedup_parts(hw))
+    if path == "nccl":
+        fast, slow = (run_part(part, request.node.nodeid) for part in plans.speedup_parts(hw))
         read = [sweep_busbw(summarize_sweep(run.values)) for run in (fast, slow)]
         origin = f"jobs {fast.job_id} and {slow.job_id}"
         comparison = pair(
@@ -116,18 +131,18 @@ def test_speedup(
         )
         advice = P2P_ADVICE
     else:
-        assert shm_vs_gloo_run is not None
+        assert shm_run is not None
         try:
-            comparison = shm_vs_gloo(shm_vs_gloo_run.values, sizes)
+            comparison = shm_vs_gloo(shm_run.values, sizes)
         except ValueError as exc:  # wrong sums: the fast path is broken, not slow
-            pytest.fail(f"{exc} (job dir {shm_vs_gloo_run.job_dir})", pytrace=False)
+            pytest.fail(f"{exc} (job dir {shm_run.job_dir})", pytrace=False)
         load, cpus = os.getloadavg()[0], os.cpu_count() or 1
         advice = (
             "A ratio near 1 means DeepSpeed's shared-memory all_reduce is no faster than gloo over loopback TCP: "
             "usually other processes competing for the CPUs (the shm path spins while it waits); the 1-minute "
             f"load average after the job was {load:.1f} on {cpus} CPUs."
         )
-    results.check_all(checks.speedup_checks(hw, comparison, advice), footer=comparison.table())
+    return checks.speedup_checks(hw, comparison, advice), comparison.table()
 
 
 def _isolated(

@@ -9,7 +9,7 @@ the sweeps of all collectives share a start-up. Pure: no torch, no pytest.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pytest_gpucluster.checks.collectives import Case, scope_nodes
@@ -17,8 +17,17 @@ from pytest_gpucluster.errors import ProfileError
 from pytest_gpucluster.harness import Part
 from pytest_gpucluster.maths.sweep import sweep_sizes
 from pytest_gpucluster.profiles.schema import CollectivesSection, SweepSettings
+from pytest_gpucluster.results.model import Check
 
-__all__ = ["WORKLOAD", "SweepRequest", "job_options", "job_timeout", "sweep_part", "sweep_requests"]
+__all__ = [
+    "WORKLOAD",
+    "SweepRequest",
+    "confirmation_part",
+    "job_options",
+    "job_timeout",
+    "sweep_part",
+    "sweep_requests",
+]
 
 WORKLOAD = "pytest_gpucluster.workloads.collectives:sweep_many"
 
@@ -104,3 +113,27 @@ def sweep_part(case: Case, section: CollectivesSection, available_nodes: int, ba
         nodes=nodes,
         timeout_s=job_timeout(requests, section.sweep, section.repeat, backend),
     )
+
+
+def confirmation_part(
+    first: Part, case: Case, section: CollectivesSection, suspects: Sequence[Check], backend: str
+) -> tuple[Part, bool]:
+    """What the regression gate re-measures for ``suspects`` of ``case`` (a new part, run alone):
+    only their sizes, one one-size sweep each, unless a suspect summarizes the curve (peak busbw,
+    busbw at the largest size), which needs the whole grid again (about twice the largest size's
+    time, sizes growing by a factor). Returns the part, and whether it is the whole grid.
+    The part is ``first`` (the case's sweep part, with its environment) with other sweeps."""
+    sizes = {int(s.labels["size_bytes"]) for s in suspects if "size_bytes" in s.labels}
+    whole = any(s.baseline_gate for s in suspects) or not sizes
+    if whole:
+        requests = sweep_requests(case, section.sweep)
+    else:
+        factor = _factor(section.sweep)
+        requests = [SweepRequest(case.collective, size, size, factor) for size in sorted(sizes)]
+    part = replace(
+        first,
+        name=f"{first.name}-confirm",
+        options=job_options(requests, section.sweep, section.repeat),
+        timeout_s=job_timeout(requests, section.sweep, section.repeat, backend),
+    )
+    return part, whole

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pytest_gpucluster.workloads._cgroup import join_rank_cgroup
 from pytest_gpucluster.workloads._parent_death import die_with_parent
 from pytest_gpucluster.workloads._runtime import (
     JOB_FILE,
@@ -156,6 +157,9 @@ def run(job_dir: Path) -> int:
     backend = job.get("backend", "gloo")
     exit_code = 0
     try:
+        # A CPU quota on the ranks (testbed/cpu_quota.py), before torch starts its threads.
+        if cgroup := join_rank_cgroup():
+            record["cgroup"] = cgroup
         device = _pick_device(identity, backend)
         ctx = RankContext(
             rank=identity.rank,
