@@ -18,7 +18,10 @@ baseline's noise that healthy runs reached (first measurements, before any confi
 least the slowed run reached — a tolerance between the two separates them. Timings need a quiet
 machine; the load averages say how quiet it was.
 
-    python benchmarks/gate_noise.py [--runs 5] [--quota-cpus 0.67] [--keep DIR] [-- pytest arguments]
+With ``--fleet K`` the baseline is the fleet of the first K runs (``gpucluster baseline merge``),
+and the runs after them are gated against it (K=1: the first run alone, the default).
+
+    python benchmarks/gate_noise.py [--runs 5] [--fleet 1] [--quota-cpus 0.67] [--keep DIR] [-- pytest arguments]
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from pytest_gpucluster.results.baseline import (  # noqa: E402
     read_results,
     settings_of,
 )
+from pytest_gpucluster.results.fleet import merge_runs, write_fleet  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -147,29 +151,38 @@ def calibration_lines(baseline: RunResults, healthy: Sequence[Run], slowed: Sequ
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5, help="healthy runs, the first one the baseline (>= 2)")
+    parser.add_argument(
+        "--runs", type=int, default=5, help="healthy runs, the first --fleet of them the baseline"
+    )
+    parser.add_argument("--fleet", type=int, default=1, help="how many first runs make the baseline (merged)")
     parser.add_argument("--quota-cpus", type=float, default=2 / 3, help="CPUs the slowed run's ranks share")
     parser.add_argument("--no-slowdown", action="store_true", help="skip the slowed run")
     parser.add_argument("--keep", type=Path, help="keep every run's results and log in this directory")
     parser.add_argument("pytest_args", nargs="*", help="passed to pytest (put them after --)")
     args = parser.parse_args(argv)
-    if args.runs < 2:
-        parser.error("--runs must be at least 2: a baseline and one run against it")
+    if not 1 <= args.fleet < args.runs:
+        parser.error("--runs must exceed --fleet (>= 1): a baseline and at least one run against it")
     out = args.keep or Path(tempfile.mkdtemp(prefix="gpucluster-gate-noise-"))
     out.mkdir(parents=True, exist_ok=True)
     try:
-        base = run_suite("run1", out, args.pytest_args, None, None)
-        print(describe(base), flush=True)
+        bases = []
+        for index in range(1, args.fleet + 1):
+            bases.append(run_suite(f"run{index}", out, args.pytest_args, None, None))
+            print(describe(bases[-1]), flush=True)
         baseline_file = out / "run1" / "results.json"
+        if args.fleet > 1:
+            baseline_file = out / "fleet.json"
+            write_fleet(merge_runs([b.results for b in bases]), baseline_file)
+        baseline = read_results(baseline_file)
         healthy = []
-        for index in range(2, args.runs + 1):
+        for index in range(args.fleet + 1, args.runs + 1):
             healthy.append(run_suite(f"run{index}", out, args.pytest_args, baseline_file, None))
             print(describe(healthy[-1]), flush=True)
         slowed = []
         if not args.no_slowdown:
             slowed.append(run_suite("slowed", out, args.pytest_args, baseline_file, args.quota_cpus))
             print(describe(slowed[-1]), flush=True)
-        for line in calibration_lines(base.results, healthy, slowed):
+        for line in calibration_lines(baseline, healthy, slowed):
             print(line)
         flagged = sum(r.flagged for r in healthy)
         print(
