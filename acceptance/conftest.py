@@ -10,6 +10,8 @@ test's suspects to it and records its checks. Two rules for them concern the who
 - The slow burn-in parts, marked ``@pytest.mark.burnin(slow=True)`` (the pairwise localization,
   about n/2 + 2 jobs), run only when ``-m`` names burnin: ``pytest acceptance/ -m burnin``. A plain
   ``pytest acceptance/`` deselects them and says so in the header.
+- Under a CUDA profile every burn-in test needs CUDA on the nodes (``gpucluster(needs=["cuda"])``):
+  their jobs take a GPU per rank, and nodes whose torch cannot use one are named in the skip.
 """
 
 from __future__ import annotations
@@ -31,7 +33,18 @@ def _slow_burnin(item: pytest.Item) -> bool:
     return any(mark.kwargs.get("slow") for mark in item.iter_markers("burnin"))
 
 
+def _cuda_profile(config: pytest.Config) -> bool:
+    from pytest_gpucluster.session import SESSION_KEY
+
+    session = config.stash.get(SESSION_KEY, None)
+    return session is not None and session.profile.model.cluster.device == "cuda"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _cuda_profile(config):
+        for item in items:
+            if item.get_closest_marker("burnin") is not None:
+                item.add_marker(pytest.mark.gpucluster(needs=["cuda"]))
     if "burnin" not in (config.getoption("markexpr", "") or ""):
         slow = [item for item in items if _slow_burnin(item)]
         if slow:

@@ -4,13 +4,17 @@ A new batch of nodes often holds a few failing parts, and a slow collective only
 slow". These tests name it (the verdicts: ``checks/burnin/``; what runs: ``plans/burnin.py``):
 
 - **health**: one job on every node at once measures each rank's CPU matmul and memory bandwidth
-  and, on GPUs, each GPU's bf16 matmul, memory and host-to-device bandwidth and NVML readings
-  (temperature, power, PCIe link, throttle reasons, retired pages, remapped rows) against ``burnin:``.
+  and, on GPUs, each GPU's bf16 matmul, memory and host-to-device bandwidth, its state sampled
+  under that load (hottest temperature, highest power, the PCIe generation and width the link
+  reached, clock reasons seen or counted by NVML's violation counters), its memory health
+  (retired pages, remapped rows, XIDs during the load) and its ECC mode (enabled, no pending
+  change) against ``burnin:`` (``checks/burnin/gpu.py``).
 - **stragglers**: ranks and nodes slower than the median of their peers by more than
   ``burnin.straggler_tolerance``, from each rank's own matmul and its time outside the calls of an
   all_reduce sweep; `test_injected_straggler_is_named` proves the detector on this cluster.
 - **ECC / XID**: counters read before the first and after the last test (acceptance/conftest.py
-  orders them); any increase fails, naming the GPU.
+  orders them); any increase fails, naming the GPU. A node whose kernel log the test user cannot
+  read (dmesg restricted, no journal access) gets a check that does not pass, saying why.
 - **version drift**: every node's driver, CUDA, NCCL, net plugin, torch and firmware versions
   against the profile's ``versions:`` pins, and against each other.
 - **pairwise localization**: node pairs in two rounds (`burnin.pairwise`), about n/2 + 2 jobs, so
@@ -81,7 +85,7 @@ def test_gpu_health(health_job: PartRun, hw: Any, judge: Any) -> None:
     checks = health.gpu_checks(health_job.values, hw.burnin, hw.name)
     if not checks:
         pytest.skip(health.skip_sentence(health_job.values, "gpu", "nvml") or "no GPU reading came back")
-    judge(checks, [health.suspect_of(c) for c in checks if c.failed])
+    judge(checks, [health.suspect_of(c) for c in checks if c.failed and c.measured])
 
 
 def test_health_stragglers(health_job: PartRun, hw: Any, judge: Any) -> None:
@@ -167,7 +171,7 @@ def test_counters_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: A
             "no before-reading of the ECC/XID counters (test_counters_before did not run in this process)"
         )
     grown = health.counter_increases(before, after)
-    judge([peers.counter_check(grown)], grown)
+    judge([peers.counter_check(grown), *health.xid_readability_checks(before, after)], grown)
 
 
 def test_version_drift(

@@ -21,6 +21,17 @@ With ``--baseline``, the gated values (the checks above and each curve's peak bu
 its largest size) are held against the baseline; a suspected regression is swept again, only
 its sizes (``plans.collectives.confirmation_part``), and fails only if the second sweep regresses too.
 
+Latency means nccl-tests' latency: on a GPU, ``max_latency`` is gated only in
+``test_nccl_tests`` (the binaries' own time per call). The torch sweep's time on CUDA (CUDA events
+around a Python loop of ``dist`` calls, whose dispatch inflates small sizes up to ~2x) is recorded
+as information there, its hint saying so. On a CPU profile (gloo, no nccl-tests) the sweep's time
+per call, ``perf_counter`` around a loop of blocking calls, is gated: it is what a rank waits.
+
+Each scope's job runs under ``collectives.scope_env`` for that scope (``plans/collectives.job_env``,
+the nccl-tests runs too), so a floor measured with an algorithm (``algo: Tree``) is measured with it
+again; the job's ``NCCL_ALGO`` is recorded as the ``nccl_algo`` label, and a floor whose algorithm
+the job's environment does not allow says so in its hint.
+
 Cost: every case is a part of the shared jobs (``plans/collectives.py``), so the sweeps of all
 collectives on one node count run in one launch.
 """
@@ -46,7 +57,7 @@ from pytest_gpucluster.errors import GpuClusterError
 from pytest_gpucluster.fixtures import job_part
 from pytest_gpucluster.harness import Part, PartRun
 from pytest_gpucluster.launch.nccl_tests import binary_path, build_command, run_command
-from pytest_gpucluster.plans.collectives import confirmation_part, sweep_part
+from pytest_gpucluster.plans.collectives import confirmation_part, job_env, sweep_part
 from pytest_gpucluster.session import GpuClusterSession, get_session
 
 
@@ -74,8 +85,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @job_part
 def collective_sweep(session: GpuClusterSession, params: Mapping[str, Any]) -> Part | None:
     """The sweeps of the test's case on the nodes its scope means (None: the scope cannot run here)."""
-    profile = session.profile.model
-    return sweep_part(params["case"], profile.collectives, session.available_nodes, profile.cluster.backend)
+    profile, case = session.profile.model, params["case"]
+    env = job_env(profile, case.scope)
+    return sweep_part(
+        case, profile.collectives, session.available_nodes, profile.cluster.backend, env,
+        cluster=profile.cluster, ranks_per_node=session.ranks_per_node, settings=session.settings,
+    )  # fmt: skip
 
 
 def _origin(run: PartRun) -> str:
@@ -101,12 +116,11 @@ def test_collective(
     if data.skipped:
         pytest.skip(f"{case.collective} on {hw.cluster.backend}: {data.skipped}")
     dtype = hw.collectives.sweep.dtype
-    judged = {"profile": hw.name, "nodes": nodes, "dtype": dtype}
+    env = {**gpucluster_session.nccl_env, **collective_sweep.part.env}
+    judged = {"profile": hw.name, "nodes": nodes, "dtype": dtype, "env": env}
 
     def again(suspects: Any) -> Any:
-        part, whole = confirmation_part(
-            collective_sweep.part, case, hw.collectives, suspects, hw.cluster.backend
-        )
+        part, whole = confirmation_part(collective_sweep.part, case, hw.collectives, suspects)
         run = rerun_part(part)
         fresh = collect(run.values)[case.collective]
         return collective_checks(case, fresh, **judged, origin=_origin(run), partial=not whole)
@@ -116,9 +130,11 @@ def test_collective(
 
 
 @pytest.fixture
-def nccl_tests(nccl_case: Case, hw: Any, gpucluster_session: Any) -> tuple[CollectiveData, str, int]:
+def nccl_tests(
+    nccl_case: Case, hw: Any, gpucluster_session: Any
+) -> tuple[CollectiveData, str, int, dict[str, str]]:
     """The nccl-tests binary of the case's collective, run ``repeat`` times per checked size:
-    its points, where they come from, and the node count."""
+    its points, where they come from, the node count and the NCCL environment it ran under."""
     directory = gpucluster_session.settings.nccl_tests_dir or hw.collectives.nccl_tests_dir
     if directory is None:
         pytest.skip(
@@ -135,11 +151,12 @@ def nccl_tests(nccl_case: Case, hw: Any, gpucluster_session: Any) -> tuple[Colle
         pytest.fail(str(exc), pytrace=False)
     hosts = list(gpucluster_session.cluster.spec.host_names[:nodes])
     logs, sweep, runs = gpucluster_session.results_dir / "nccl-tests", hw.collectives.sweep, []
+    env = {**gpucluster_session.nccl_env, **job_env(hw, nccl_case.scope)}
     for size in sorted({int(check.size) for _, check in nccl_case.checks}):
         command = build_command(
             binary, hosts, gpucluster_session.ranks_per_node, min_bytes=size, max_bytes=size, factor=2,
             warmup=sweep.warmup, iters=sweep.iters, dtype=sweep.dtype, op=sweep.op, check=sweep.check,
-            env=gpucluster_session.nccl_env,
+            env=env,
         )  # fmt: skip
         if gpucluster_session.settings.dry_run:
             print(f"[dry run] {command.shell_line()}")
@@ -149,16 +166,16 @@ def nccl_tests(nccl_case: Case, hw: Any, gpucluster_session: Any) -> tuple[Colle
             for rep in range(hw.collectives.repeat)
         ]
     data = CollectiveData(nccl_case.collective, tuple(points_from_runs(runs)), hosts=tuple(hosts))
-    return data, f"{binary.name} on {', '.join(hosts)} (logs in {logs})", nodes
+    return data, f"{binary.name} on {', '.join(hosts)} (logs in {logs})", nodes, env
 
 
 def test_nccl_tests(
-    nccl_case: Case, nccl_tests: tuple[CollectiveData, str, int], hw: Any, results: Any
+    nccl_case: Case, nccl_tests: tuple[CollectiveData, str, int, dict[str, str]], hw: Any, results: Any
 ) -> None:
     """The profile's checks on the real nccl-tests binaries: ``repeat`` runs per checked size."""
-    data, origin, nodes = nccl_tests
+    data, origin, nodes, env = nccl_tests
     dtype = hw.collectives.sweep.dtype
     checks = collective_checks(
-        nccl_case, data, profile=hw.name, nodes=nodes, dtype=dtype, origin=origin, tool="nccl-tests"
+        nccl_case, data, profile=hw.name, nodes=nodes, dtype=dtype, origin=origin, tool="nccl-tests", env=env
     )
     results.check_all(checks)

@@ -1,7 +1,10 @@
-"""Inventory: the machine under test is the machine the profile describes.
+"""Inventory: every node is the node the profile describes, judged on what the per-node probe
+found on it — never on the machine pytest runs on, which is usually a login node without GPUs.
 
-Asking for an 8 x H200 profile on a machine without GPUs is a failed acceptance with the
-mismatch spelled out — never a pass, and never a silent skip of everything.
+Asking for an 8 x H200 profile on nodes without GPUs is a failed acceptance with the mismatch
+spelled out per node ("node gpu-07: 7 GPUs, profile wants 8"; "node gpu-03: mlx5_2 port 1 is
+DOWN"; "node gpu-05: driver 550.54.15 while the others run 565.57.01") — never a pass, and never
+a silent skip of everything. The checks themselves live in ``checks/inventory.py``.
 """
 
 from __future__ import annotations
@@ -10,58 +13,53 @@ from typing import Any
 
 import pytest
 
+from pytest_gpucluster.checks import inventory
 from pytest_gpucluster.results.model import Check, ThresholdRef
 
 
-def _key(hw: Any, key: str) -> ThresholdRef:
-    return ThresholdRef(hw.name, ("cluster", key))
+def test_nodes_probed(nodes: Any, results: Any) -> None:
+    """Every node's probe rank answered (a node that did not is named with the job's reason)."""
+    results.check_all(inventory.probe_checks(nodes))
 
 
-def test_device_kind(hw: Any, machine: Any, results: Any) -> None:
-    expects_cuda = hw.cluster.device == "cuda"
-    hint = (
-        f"profile {hw.name} expects {hw.cluster.gpus_per_node} x {hw.cluster.gpu_model or 'GPU'} per node, "
-        f"but {machine.why_missing('cuda')}."
-        if expects_cuda
-        else "the profile is CPU-only but this machine has CUDA devices; pick a GPU profile with --hw."
-    )
-    cuda = float(machine.cuda_available)
-    results.check_all(
-        [
-            Check(
-                "inventory.cuda_available",
-                cuda,
-                "bool",
-                float(expects_cuda),
-                "==",
-                _key(hw, "device"),
-                hint=hint,
-            )
-        ]
-    )
+def test_device_kind(hw: Any, nodes: Any, results: Any) -> None:
+    results.check_all(inventory.cuda_checks(nodes, hw))
 
 
-def test_gpu_count(hw: Any, machine: Any, results: Any) -> None:
+def test_gpu_count(hw: Any, nodes: Any, results: Any) -> None:
     if hw.cluster.device != "cuda":
         pytest.skip(f"profile {hw.name} is CPU-only (cluster.device=cpu): no GPUs to count")
-    hint = (
-        f"{machine.hostname} shows {machine.gpu_count} CUDA device(s): {list(machine.gpu_names) or 'none'}."
-    )
-    count = Check("inventory.gpus_per_node", machine.gpu_count, "GPUs", hw.cluster.gpus_per_node, "==",
-                  _key(hw, "gpus_per_node"), labels={"host": machine.hostname}, hint=hint)  # fmt: skip
-    results.check_all([count])
+    results.check_all(inventory.gpu_count_checks(nodes, hw))
 
 
-def test_gpu_model(hw: Any, machine: Any, results: Any) -> None:
+def test_gpu_model(hw: Any, nodes: Any, results: Any) -> None:
     if hw.cluster.device != "cuda" or not hw.cluster.gpu_model:
         pytest.skip(f"profile {hw.name} names no GPU model (cluster.gpu_model)")
-    wrong = [name for name in machine.gpu_names if hw.cluster.gpu_model.lower() not in name.lower()]
-    matching = machine.gpu_count - len(wrong) if machine.gpu_names else 0
-    hint = f"devices found: {list(machine.gpu_names) or 'none'}; expected every one to be a {hw.cluster.gpu_model}."
-    labels = {"host": machine.hostname, "model": hw.cluster.gpu_model}
-    model = Check("inventory.gpus_matching_model", matching, "GPUs", hw.cluster.gpus_per_node, "==",
-                  _key(hw, "gpu_model"), labels=labels, hint=hint)  # fmt: skip
-    results.check_all([model])
+    results.check_all(inventory.gpu_model_checks(nodes, hw))
+
+
+def test_same_versions(nodes: Any, results: Any) -> None:
+    """Driver, CUDA driver, NCCL and torch are the same on every node."""
+    checks = inventory.version_checks(nodes)
+    if not checks:
+        pytest.skip("no node reported a driver, NCCL or torch version")
+    results.check_all(checks)
+
+
+def test_fabric_ports(hw: Any, nodes: Any, results: Any) -> None:
+    """Every InfiniBand/RoCE/EFA port the profile's interconnects name is ACTIVE at the line rate."""
+    checks = inventory.fabric_checks(nodes, hw)
+    if not checks:
+        pytest.skip(f"profile {hw.name} names no RDMA fabric (cluster.interconnects: ib, roce or efa)")
+    results.check_all(checks)
+
+
+def test_no_foreign_gpu_processes(nodes: Any, results: Any) -> None:
+    """No GPU is held by a process outside this run, before anything is measured on it."""
+    checks = inventory.foreign_process_checks(nodes)
+    if not checks:
+        pytest.skip("no node lists a GPU, so no GPU process to look for")
+    results.check_all(checks)
 
 
 def test_node_count(hw: Any, gpucluster_session: Any, results: Any) -> None:
@@ -70,21 +68,18 @@ def test_node_count(hw: Any, gpucluster_session: Any, results: Any) -> None:
         f"the cluster under test has {have} node(s): {gpucluster_session.hosts}; pass --hostfile listing "
         f"{hw.cluster.nodes} nodes (or run inside a Slurm allocation with --launcher slurm)."
     )
-    results.check_all(
-        [Check("inventory.nodes", have, "nodes", hw.cluster.nodes, ">=", _key(hw, "nodes"), hint=hint)]
-    )
+    ref = ThresholdRef(hw.name, ("cluster", "nodes"))
+    results.check_all([Check("inventory.nodes", have, "nodes", hw.cluster.nodes, ">=", ref, hint=hint)])
 
 
-def test_backend_available(hw: Any, results: Any) -> None:
-    import torch
-    import torch.distributed as dist
+def test_backend_available(hw: Any, nodes: Any, results: Any) -> None:
+    """NCCL profiles: every node's torch has NCCL. Gloo profiles: this torch has gloo."""
+    checks = inventory.nccl_backend_checks(nodes, hw)
+    if not checks:
+        import torch.distributed as dist
 
-    backend = hw.cluster.backend
-    available = dist.is_available() and (
-        dist.is_nccl_available() if backend == "nccl" else dist.is_gloo_available()
-    )
-    hint = f"this torch build ({torch.__version__}) has no {backend} backend."
-    check = Check(
-        f"inventory.backend_{backend}", float(available), "bool", 1.0, "==", _key(hw, "backend"), hint=hint
-    )
-    results.check_all([check])
+        have = dist.is_available() and dist.is_gloo_available()
+        ref = ThresholdRef(hw.name, ("cluster", "backend"))
+        checks = [Check("inventory.backend_gloo", float(have), "bool", 1.0, "==", ref,
+                        hint="this torch build has no gloo backend.")]  # fmt: skip
+    results.check_all(checks)

@@ -10,9 +10,13 @@ against a key of the profile's ``nvlink:`` section (``checks/nvlink.py`` says ho
 (c) ``test_counters_move_during_all_reduce``: every GPU's NVLink byte counters grow during an
     intra-node all_reduce by at least ``min_counter_fraction`` of what a ring must send per GPU.
 (d) ``test_speedup``: one intra-node all_reduce two ways, busbw ratio against ``min_speedup`` at
-    each ``speedup_sizes``. On a cuda profile NCCL as configured against ``NCCL_P2P_DISABLE=1``;
-    on a cpu profile the real CPU analogue, DeepSpeed's shared-memory all_reduce against gloo
-    over loopback TCP, so the gate runs in CI. ``min_busbw``, where set, gates the fast side.
+    each ``speedup_sizes``. On a cuda profile NCCL as configured against NCCL with NVLink off
+    (``NCCL_P2P_DISABLE=1 NCCL_NVLS_ENABLE=0 NCCL_MNNVL_ENABLE=0 NCCL_SHM_DISABLE=0``: P2P alone
+    leaves NVLS on). Each side's NCCL INFO log (one per rank) shows which transports it used: a
+    slow side still on P2P/NVLS fails quoting the line, and its ratio is then not judged; a fast
+    side with no P2P/NVLS connection fails too (``checks/nvlink_transport.py``). On a cpu profile
+    the real CPU analogue, DeepSpeed's shared-memory all_reduce against gloo over loopback TCP,
+    so the gate runs in CI. ``min_busbw``, where set, gates the fast side.
 (e) ``test_isolated_*_busbw``: intra-node busbw over NVLink only (``NCCL_SHM_DISABLE=1
     NCCL_P2P_LEVEL=NVL``) and inter-node busbw over the network only, each against its own floor,
     so a slow result points at the fabric at fault.
@@ -24,29 +28,33 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pytest_gpucluster.checks import nvlink as checks
 from pytest_gpucluster.checks.comparison import pair, shm_vs_gloo, sweep_busbw
+from pytest_gpucluster.checks.nvlink_transport import SideLogs, transport_checks
 from pytest_gpucluster.fixtures import job_part
 from pytest_gpucluster.harness import Part, PartRun
 from pytest_gpucluster.maths.sweep import summarize_sweep
 from pytest_gpucluster.plans import nvlink as plans
+from pytest_gpucluster.results.model import Check
 from pytest_gpucluster.session import GpuClusterSession, get_session
 
 NVLINK = pytest.mark.gpucluster(needs=["nccl", "nvlink"])
 P2P_ADVICE = (
     "A ratio near 1 means NCCL does not use NVLink even where allowed: check `nvidia-smi topo -m`, "
-    "NCCL_P2P_LEVEL and the NCCL_DEBUG=INFO 'via P2P' lines."
+    "NCCL_P2P_LEVEL and the NCCL_DEBUG=INFO 'via P2P' lines (each side's rank-<i>.log)."
 )
+FAST, SLOW = "nccl-p2p", "nccl-nvlink-off"
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "speedup_path" in metafunc.fixturenames:
         if get_session(metafunc.config).profile.model.cluster.device == "cuda":
-            path = pytest.param("nccl", id="nccl-p2p-vs-p2p-disabled", marks=NVLINK)
+            path = pytest.param("nccl", id="nccl-vs-nvlink-off", marks=NVLINK)
         else:
             path = pytest.param("cpu", id="shm-vs-gloo")
         metafunc.parametrize("speedup_path", [path])
@@ -107,7 +115,7 @@ def test_speedup(
     """Fast path over slow path, per size, against ``nvlink.min_speedup`` (module doc, (d)).
     With ``--baseline``, a suspected regression measures both paths once more before it fails."""
     _setting(hw, "min_speedup")
-    checks, table = _speedup(speedup_path, hw, shared_jobs.run, shm_vs_gloo_run, request)
+    found, table = _speedup(speedup_path, hw, shared_jobs.run, shm_vs_gloo_run, request)
 
     def again(_: Any) -> Any:
         shm = (
@@ -115,21 +123,22 @@ def test_speedup(
         )
         return _speedup(speedup_path, hw, shared_jobs.rerun, shm, request)[0]
 
-    results.check_all(checks, footer=table, remeasure=again)
+    results.check_all(found, footer=table, remeasure=again)
 
 
 def _speedup(path: str, hw: Any, run_part: Any, shm_run: PartRun | None, request: Any) -> Any:
-    """The speedup checks and the table of both sides: NCCL's from the parts ``run_part`` runs,
-    the CPU analogue's from ``shm_run``."""
+    """The transport and speedup checks and the table of both sides: NCCL's from the parts
+    ``run_part`` runs (and their logs), the CPU analogue's from ``shm_run``."""
     sizes = plans.speedup_sizes(hw)
+    transports: list[Check] = []
+    untrusted = None
     if path == "nccl":
         fast, slow = (run_part(part, request.node.nodeid) for part in plans.speedup_parts(hw))
         read = [sweep_busbw(summarize_sweep(run.values)) for run in (fast, slow)]
         origin = f"jobs {fast.job_id} and {slow.job_id}"
-        comparison = pair(
-            *read, fast_name="nccl-p2p", slow_name="nccl-p2p-disabled", sizes=sizes, origin=origin
-        )
+        comparison = pair(*read, fast_name=FAST, slow_name=SLOW, sizes=sizes, origin=origin)
         advice = P2P_ADVICE
+        transports, untrusted = transport_checks(_side_logs(FAST, fast), _side_logs(SLOW, slow))
     else:
         assert shm_run is not None
         try:
@@ -142,7 +151,14 @@ def _speedup(path: str, hw: Any, run_part: Any, shm_run: PartRun | None, request
             "usually other processes competing for the CPUs (the shm path spins while it waits); the 1-minute "
             f"load average after the job was {load:.1f} on {cpus} CPUs."
         )
-    return checks.speedup_checks(hw, comparison, advice), comparison.table()
+    speedup = checks.speedup_checks(hw, comparison, advice, untrusted)
+    return [*transports, *speedup], comparison.table()
+
+
+def _side_logs(name: str, run: PartRun) -> SideLogs:
+    """The side's own environment and every rank's log (NCCL's INFO lines land there)."""
+    logs = sorted(Path(run.job_dir).glob("rank-*.log"), key=lambda p: int(p.stem.rpartition("-")[2]))
+    return SideLogs(name, run.part.env, [(p.name, p.read_text(errors="replace")) for p in logs])
 
 
 def _isolated(
@@ -173,7 +189,8 @@ def test_isolated_inter_node_busbw(
     """All_reduce across nodes over the network alone: no P2P, no shared memory."""
     nodes = max(2, plans.nodes_for(hw, gpucluster_session.available_nodes))
     how = (
-        f"across {nodes} nodes with NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1, so every byte crosses the network: "
+        f"across {nodes} nodes with NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0, so every byte "
+        "crosses the network: "
         "slow here and fine intra-node points at the NICs, cables or switches"
     )
     results.check_all(

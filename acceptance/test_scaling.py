@@ -25,7 +25,8 @@ import pytest
 from pytest_gpucluster.checks.sft import scaling_checks
 from pytest_gpucluster.fixtures import job_part
 from pytest_gpucluster.harness import Part, PartRun
-from pytest_gpucluster.plans.sft import find_case, scaling_part
+from pytest_gpucluster.plans.deadlines import sft_deadline
+from pytest_gpucluster.plans.sft import find_case, scaling_nodes, scaling_part
 from pytest_gpucluster.session import GpuClusterSession, get_session
 
 
@@ -59,7 +60,10 @@ def _count_part(session: GpuClusterSession, params: Mapping[str, Any], end: str)
     if profile.scaling is None or index is None:
         return None
     count = getattr(profile.scaling.steps[index], end)
-    return scaling_part(profile, count, session.ranks_per_node, session.settings.job_timeout)
+    _, case = find_case(profile, profile.scaling.case)
+    nodes = scaling_nodes(profile, count)
+    deadline = sft_deadline(case, profile, nodes=nodes, settings=session.settings)
+    return scaling_part(profile, count, session.ranks_per_node, deadline.seconds, deadline.text)
 
 
 @job_part

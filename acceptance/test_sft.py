@@ -38,6 +38,7 @@ from pytest_gpucluster.fixtures import job_part
 from pytest_gpucluster.harness import Part, PartRun
 from pytest_gpucluster.inputs import expand
 from pytest_gpucluster.parsers.train_log import parse_train_log
+from pytest_gpucluster.plans.deadlines import sft_deadline
 from pytest_gpucluster.plans.sft import case_ranks_per_node, find_case, parse_log_argument, sft_part
 from pytest_gpucluster.session import GpuClusterSession, get_session
 
@@ -100,8 +101,14 @@ def sft_run(session: GpuClusterSession, params: Mapping[str, Any]) -> Part | Non
     profile = session.profile.model
     case = profile.sft.cases[subject.index]
     nproc = case_ranks_per_node(case, session.ranks_per_node)
+    deadline = sft_deadline(case, profile, nodes=case.nodes, settings=session.settings)
     return sft_part(
-        case, profile, nodes=case.nodes, nproc_per_node=nproc, timeout_s=session.settings.job_timeout
+        case,
+        profile,
+        nodes=case.nodes,
+        nproc_per_node=nproc,
+        timeout_s=deadline.seconds,
+        deadline=deadline.text,
     )
 
 

@@ -1,4 +1,4 @@
-"""Fixtures the plugin gives every test: hw, machine, cluster, hostfile, nccl_env, results,
+"""Fixtures the plugin gives every test: hw, machine, nodes, cluster, hostfile, nccl_env, results,
 shared_jobs, rerun_part; and `job_part`, which declares a fixture that runs one part of the
 shared jobs.
 
@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from pytest_gpucluster.cluster.node_facts import ClusterFacts
 from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning
 from pytest_gpucluster.harness import Part, PartRun, SharedJobs
 from pytest_gpucluster.profiles.detect import MachineInfo
@@ -43,8 +44,21 @@ def hw(gpucluster_session: GpuClusterSession) -> ProfileModel:
 
 @pytest.fixture(scope="session")
 def machine(gpucluster_session: GpuClusterSession) -> MachineInfo:
-    """What was detected on the machine running pytest."""
+    """What was detected on the machine running pytest (often a login node: judge ``nodes``)."""
     return gpucluster_session.machine
+
+
+@pytest.fixture(scope="session")
+def nodes(gpucluster_session: GpuClusterSession) -> ClusterFacts:
+    """Every node as the per-node probe found it (GPUs, versions, ports, environment); skips when
+    the nodes were not probed (a dry run), and fails when the cluster itself cannot be built."""
+    facts = gpucluster_session.node_facts
+    if facts is None:
+        error = gpucluster_session.cluster_error()
+        if error is not None:
+            pytest.fail(f"cannot probe the nodes: {error}", pytrace=False)
+        pytest.skip(f"the nodes were not probed: {gpucluster_session.not_probed or 'no probe ran'}")
+    return facts
 
 
 class DryRunCluster:
@@ -141,6 +155,54 @@ def _params(item: Any) -> Mapping[str, Any]:
     return callspec.params if callspec is not None else {}
 
 
+def _planned(
+    items: list[pytest.Item], session: GpuClusterSession, errors: list[str] | None = None
+) -> list[Part]:
+    """The parts the tests of ``items`` would run (tests that will skip for what the session
+    lacks left out), in test order. A planner that raises is left out (its test reports the
+    error when it runs); ``errors`` collects ``test: error`` for those."""
+    found = []
+    for item in items:
+        names = [n for n in getattr(item, "fixturenames", ()) if n in _PLANNERS]
+        if not names or item.get_closest_marker("skip") or session.unmet_requirements(item):
+            continue
+        for name in names:
+            try:
+                part = _PLANNERS[name](session, _params(item))
+            except Exception as exc:
+                if errors is not None:
+                    errors.append(f"{item.nodeid}: {exc}")
+                continue
+            if part is not None:
+                found.append(part)
+    return found
+
+
+def dry_run_plan(items: list[pytest.Item], session: GpuClusterSession) -> list[str]:
+    """``--gpucluster-dry-run``: one line per distinct job part the selected tests would run, with
+    its nodes, ranks and job timeout, where that timeout comes from and the run time it was set
+    against (`plans.deadlines`); then the tests whose part could not be planned, and why."""
+    lines, seen, errors = [], set(), []
+    for part in _planned(items, session, errors):
+        if part.key in seen:
+            continue
+        seen.add(part.key)
+        ranks = part.nproc_per_node or session.ranks_per_node
+        deadline = part.deadline or f"job timeout {part.timeout_s:g} s (fixed by its test; no estimate)"
+        lines.append(f"[dry run] plan: {part.name}: {part.nodes} node(s) x {ranks} rank(s), {deadline}")
+    if lines:
+        lines.append(
+            "[dry run] plan: parts of the same nodes x ranks and environment run in one job, "
+            "whose timeout is the sum of theirs"
+        )
+    else:
+        lines.append(
+            "[dry run] plan: no job: the selected tests launch nothing here, or skip for what the session lacks (-rs)"
+        )
+    lines += [f"[dry run] plan: cannot plan {error}" for error in errors]
+    return lines
+
+
 def _upcoming(pytest_session: pytest.Session, session: GpuClusterSession) -> Callable[[], list[Part]]:
     """The parts of the selected tests from the running one on, except tests that will skip for
     what the session lacks: what a job launched now may run for them too."""
@@ -153,19 +215,7 @@ def _upcoming(pytest_session: pytest.Session, session: GpuClusterSession) -> Cal
         items = list(pytest_session.items)
         ids = [item.nodeid for item in items]
         start = ids.index(session.recorder.current_test) if session.recorder.current_test in ids else 0
-        found = []
-        for item in items[start:]:
-            names = [n for n in getattr(item, "fixturenames", ()) if n in _PLANNERS]
-            if not names or item.get_closest_marker("skip") or session.unmet_requirements(item):
-                continue
-            for name in names:
-                try:
-                    part = _PLANNERS[name](session, _params(item))
-                except Exception:
-                    continue
-                if part is not None:
-                    found.append(part)
-        return found
+        return _planned(items[start:], session)
 
     return parts
 

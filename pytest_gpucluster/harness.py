@@ -51,6 +51,8 @@ class Part:
     env: Mapping[str, str] = field(default_factory=dict)
     """Added to the cluster's default environment (the profile's NCCL variables)."""
     timeout_s: float = 600.0
+    deadline: str = ""
+    """How ``timeout_s`` was chosen (`plans.deadlines`), shown by ``--gpucluster-dry-run``."""
     init_process_group: bool = True
     shareable: bool = True
     """False keeps the part in a job of its own (it must not run beside others, or time them)."""

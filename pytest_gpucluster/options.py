@@ -110,6 +110,15 @@ def _percent(text: str) -> float:
     return parse_fraction(text if text.endswith("%") else f"{text}%" if float(text) > 1 else text)
 
 
+def _env_pattern(text: str) -> str:
+    from pytest_gpucluster.launch.forward_env import check_pattern
+
+    try:
+        return check_pattern(text, "--forward-env")
+    except SettingsError as exc:
+        raise ValueError(str(exc).removeprefix("--forward-env: ")) from None
+
+
 def _path(text: str) -> Path:
     return Path(text).expanduser()
 
@@ -158,7 +167,8 @@ OPTIONS: tuple[_Option, ...] = (
     _Option(
         "--launcher",
         "launcher",
-        f"how ranks are started: {', '.join(LAUNCHERS)}",
+        f"how ranks are started: {', '.join(LAUNCHERS)} (default: slurm inside a Slurm allocation "
+        "without --hostfile, else torchrun)",
         "torchrun",
         _launcher,
         "NAME",
@@ -190,6 +200,35 @@ OPTIONS: tuple[_Option, ...] = (
         "TEMPLATE",
     ),
     _Option(
+        "--forward-env",
+        "forward_env",
+        "forward this environment variable (or shell pattern, e.g. 'MY_SITE_*') from this process to "
+        "every rank, besides PATH, LD_LIBRARY_PATH, PYTHONPATH, VIRTUAL_ENV, CUDA_*, NCCL_*, FI_*, OFI_*, "
+        "UCX_*, TORCH_*, HF_* and OMP_NUM_THREADS (repeatable)",
+        (),
+        _env_pattern,
+        "PATTERN",
+        multiple=True,
+    ),
+    _Option(
+        "--rendezvous-timeout",
+        "rendezvous_timeout",
+        "seconds the ranks of a one-node job get to start and meet; each further node adds 2 s "
+        "(raise it where containers or a cold shared filesystem make start-up slow)",
+        120.0,
+        _positive_seconds,
+        "SECONDS",
+    ),
+    _Option(
+        "--slurm-cpu-bind",
+        "slurm_cpu_bind",
+        "with --launcher slurm: srun's --cpu-bind value for every step, e.g. 'cores' or 'none' (default: "
+        "the site's)",
+        None,
+        str,
+        "BIND",
+    ),
+    _Option(
         "--results-dir",
         "results_dir",
         "where results.json, reports and per-rank logs go (default: gpucluster-results/<timestamp>)",
@@ -200,7 +239,8 @@ OPTIONS: tuple[_Option, ...] = (
     _Option(
         "--job-timeout",
         "job_timeout",
-        "seconds before a launched job is declared hung and killed (tests may ask for less)",
+        "seconds before a launched job is declared hung and killed; SFT cases and sweeps otherwise get a "
+        "deadline derived from their work (an SFT case's own 'timeout:' wins over both)",
         DEFAULT_JOB_TIMEOUT_S,  # profiles check holds each sft case's estimated run time against it
         _positive_seconds,
         "SECONDS",
@@ -315,6 +355,9 @@ class Settings:
     launcher_args: tuple[str, ...] | None
     slurm_mode: str
     remote_exec: tuple[str, ...]
+    forward_env: tuple[str, ...]
+    rendezvous_timeout: float
+    slurm_cpu_bind: str | None
     results_dir: Path | None
     job_timeout: float
     nccl_log: tuple[str, ...]
@@ -355,6 +398,8 @@ def resolve_settings(config: pytest.Config, environ: Mapping[str, str] | None = 
             values[opt.name] = tuple(opt.parse(item) for item in raw) if opt.multiple else opt.parse(raw)
         except ValueError as exc:
             raise SettingsError(f"{opt.flag}: {exc} (from {source})") from None
+    if sources["launcher"] == "default" and values["hostfile"] is None and (why := _in_allocation(env)):
+        values["launcher"], sources["launcher"] = "slurm", f"default {why}"
     return Settings(
         **values,
         dry_run=bool(config.getoption("gpucluster_dry_run")),
@@ -362,6 +407,19 @@ def resolve_settings(config: pytest.Config, environ: Mapping[str, str] | None = 
         reap=bool(config.getoption("gpucluster_reap")),
         sources=sources,
     )
+
+
+def _in_allocation(env: Mapping[str, str]) -> str | None:
+    """Why the launcher defaults to slurm: pytest runs inside a Slurm allocation (``salloc``, an
+    ``sbatch`` script; not inside one of its steps, where a rank-side pytest runs), so the nodes to
+    test are the allocation's, not this machine. None outside one."""
+    if (
+        not env.get("SLURM_JOB_NODELIST")
+        or env.get("SLURM_STEP_ID")
+        or env.get("GPUCLUSTER_RANK_SIDE") == "1"
+    ):
+        return None
+    return f"inside Slurm allocation {env.get('SLURM_JOB_ID', '?')} (SLURM_JOB_NODELIST set, no --hostfile)"
 
 
 def _raw_value(config: pytest.Config, env: Mapping[str, str], opt: _Option) -> tuple[Any, str]:

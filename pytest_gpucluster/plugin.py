@@ -22,7 +22,17 @@ from pytest_gpucluster.session import SESSION_KEY, GpuClusterSession
 _MEASUREMENT_PROPERTY = "gpucluster_measurement"
 _RELEVANT_PROPERTY = "gpucluster_test"
 _FIXTURES = frozenset(
-    {"hw", "machine", "cluster", "hostfile", "nccl_env", "results", "process_group", "gpucluster_session"}
+    {
+        "hw",
+        "machine",
+        "nodes",
+        "cluster",
+        "hostfile",
+        "nccl_env",
+        "results",
+        "process_group",
+        "gpucluster_session",
+    }
 )
 
 
@@ -34,9 +44,9 @@ def _uses_gpucluster(item: pytest.Item) -> bool:
 
 
 MARKERS = (
-    "gpucluster(min_nodes=1, min_gpus_per_node=0, needs=[...]): run only where the profile and the detected "
-    "machine provide this; otherwise skip naming what is missing. needs: cuda, nccl, nvml, nvlink, ib, roce, "
-    "efa, slurm, mpi, multi-node",
+    "gpucluster(min_nodes=1, min_gpus_per_node=0, needs=[...]): run only where the nodes provide this (as the "
+    "per-node probe found them; slurm and mpi: the launching machine); otherwise skip naming the node and what "
+    "is missing. needs: cuda, nccl, nvml, nvlink, ib, roce, efa, slurm, mpi, multi-node",
     "world_size(n): run this test body on n ranks through the launcher (use the process_group fixture)",
     "burnin: burn-in checks (per-node health, stragglers, pairwise localization); select with -m burnin",
 )
@@ -98,11 +108,16 @@ def _sigterm_stops_like_ctrl_c(config: pytest.Config) -> None:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Before any test: report (and with --gpucluster-reap, kill) what crashed sessions left."""
+    """Before any test: report (and with --gpucluster-reap, kill) what crashed sessions left, then
+    probe every node once (one short job; pytest-xdist workers, started after this hook, read
+    its ``probe.json``)."""
     gc = session.config.stash.get(SESSION_KEY, None)
-    if gc is None or gc.is_xdist_worker or gc.settings.dry_run:
+    if gc is None or gc.is_xdist_worker:
         return
-    gc.check_leftovers(kill=gc.settings.reap)
+    if not gc.settings.dry_run:
+        gc.check_leftovers(kill=gc.settings.reap)
+    if not session.config.option.collectonly:
+        gc.probe()
 
 
 def _terminal_writer(config: pytest.Config) -> Any:
@@ -122,6 +137,16 @@ def _terminal_writer(config: pytest.Config) -> Any:
             reporter.write_line(f"    {line}")
 
     return write
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A dry run prints the plan: every job the selected tests would launch, with its deadline."""
+    gc = session.config.stash.get(SESSION_KEY, None)
+    if gc is None or gc.is_xdist_worker or not gc.settings.dry_run:
+        return
+    write = gc.progress or print
+    for line in _fixtures.dry_run_plan(list(session.items), gc):
+        write(line)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

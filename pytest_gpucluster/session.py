@@ -1,6 +1,13 @@
 """The session object: owns the resolved settings, the profile, the detected machine, the
-cluster handle, the results recorder and the baseline. `plugin.py` creates one per pytest process
-and keeps it under `SESSION_KEY`; fixtures and acceptance modules read it with `get_session`.
+cluster handle, the per-node facts, the results recorder and the baseline. `plugin.py` creates
+one per pytest process and keeps it under `SESSION_KEY`; fixtures and acceptance modules read it
+with `get_session`.
+
+The nodes are judged on what the per-node probe found on them (`cluster.probe`), never on the
+machine pytest runs on, which is usually a login node without GPUs: the controller probes once at
+session start (`GpuClusterSession.probe`, or at configure time for ``--hw=auto`` on remote hosts,
+which needs the nodes' GPUs to pick a profile) and leaves ``probe.json`` in the results directory
+for pytest-xdist workers.
 """
 
 from __future__ import annotations
@@ -16,10 +23,19 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_gpucluster.errors import GpuClusterError, ProfileError, SettingsError
+from pytest_gpucluster.cluster.node_facts import ClusterFacts
+from pytest_gpucluster.errors import GpuClusterError, SettingsError
 from pytest_gpucluster.options import Settings
+from pytest_gpucluster.probing import (
+    PROBE_WORK_S,
+    all_local,
+    allocation_cpus,
+    as_machine,
+    gpu_models,
+    probe_for_auto,
+)
 from pytest_gpucluster.profiles.detect import MachineInfo, choose_profile, detect_machine
-from pytest_gpucluster.profiles.loader import LoadedProfile, known_profiles, load_profile
+from pytest_gpucluster.profiles.loader import LoadedProfile, load_profile
 from pytest_gpucluster.results.fingerprint import fingerprint, redact
 from pytest_gpucluster.results.recorder import Recorder
 
@@ -51,26 +67,25 @@ class GpuClusterSession:
     carries it, so a later session can tell this run's leftovers from a live run's jobs."""
     leftovers: LeftoverReport | None = None
     """What `check_leftovers` found at session start, or None."""
+    probed: ClusterFacts | None = None
+    """The per-node probe's facts once taken (or read from the controller's ``probe.json``)."""
+    not_probed: str | None = None
+    """Why the nodes were not probed (a dry run), for skip reasons and the header."""
 
     @classmethod
     def start(cls, config: pytest.Config, settings: Settings) -> GpuClusterSession:
         machine = detect_machine()
         extra_dirs = [settings.thresholds_dir] if settings.thresholds_dir else []
-        hw = settings.hw
-        if hw == "auto":
-            models = []
-            for name, path in known_profiles(extra_dirs).items():
-                try:
-                    models.append((name, load_profile(str(path), extra_dirs).model.cluster.gpu_model))
-                except ProfileError:
-                    continue  # a broken profile only matters when it is selected
-            name, reason = choose_profile(machine, models)
-        else:
-            name, reason = hw, f"--hw={hw} from {settings.source('hw')}"
-        profile = load_profile(name, extra_dirs)
         results_dir = _results_dir(settings)
         # xdist workers and the ranks of a world_size(n) test report to a parent that owns results.json
         worker = hasattr(config, "workerinput") or os.environ.get("GPUCLUSTER_RANK_SIDE") == "1"
+        hw, probed = settings.hw, None
+        if hw == "auto":
+            probed = probe_for_auto(settings, results_dir, worker, _session_tag(config))
+            name, reason = choose_profile(as_machine(probed, machine), gpu_models(extra_dirs))
+        else:
+            name, reason = hw, f"--hw={hw} from {settings.source('hw')}"
+        profile = load_profile(name, extra_dirs)
         recorder = Recorder(path=results_dir / "results.json", persist=not worker)
         session = cls(
             settings=settings,
@@ -81,9 +96,86 @@ class GpuClusterSession:
             recorder=recorder,
             is_xdist_worker=worker,
             session_tag=_session_tag(config),
+            probed=probed,
         )
         recorder.header = session.header_record()
+        if probed is not None:
+            session._keep(probed)
         return session
+
+    # ------------------------------------------------------------------ the per-node probe
+
+    def probe(self) -> ClusterFacts | None:
+        """Probe every node once (controller only; workers read the controller's ``probe.json``).
+
+        Every host this machine: read here, no launch. A dry run: the probe's commands are printed,
+        nothing is launched, and node requirements are not judged. Else one job through the
+        session's cluster; a failed build of the cluster (a bad hostfile) leaves the facts empty
+        and the tests that use the cluster fail on it.
+        """
+        from pytest_gpucluster.cluster.probe import PROBE_WORKLOAD, probe_cluster, probe_here, probe_options
+
+        if self.probed is not None or self.is_xdist_worker:
+            return self.node_facts
+        options = probe_options(self.forward_patterns)
+        if all_local(self.hosts):
+            facts = probe_here(options)
+        elif self.cluster_error() is not None:
+            return None
+        elif self.settings.dry_run:
+            self.not_probed = "a dry run probes no node, so GPU counts and capabilities are not judged"
+            for command in self.cluster.commands_for(PROBE_WORKLOAD, nproc_per_node=1, options=options):
+                (self.progress or print)(f"[dry run] probe: {command.host}: {command.shell_line()}")
+            return None
+        else:
+            timeout = self.rendezvous_deadline + PROBE_WORK_S
+            facts = probe_cluster(self.cluster, options, timeout_s=timeout)
+        self._keep(facts)
+        return facts
+
+    def _keep(self, facts: ClusterFacts) -> None:
+        from pytest_gpucluster.cluster.probe import PROBE_FILE
+        from pytest_gpucluster.workloads._runtime import write_json_atomic
+
+        self.probed = facts
+        self.recorder.header["nodes"] = facts.to_json()
+        # A job's facts are left for the xdist workers; a local reading they take themselves
+        # (cheap), so that a session of plain tests leaves no results directory behind.
+        if not self.is_xdist_worker and facts.source.startswith("probe job"):
+            self.results_dir.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(self.results_dir / PROBE_FILE, facts.to_json())
+        cpus = [n.cpus for n in facts.nodes if n.cpus]
+        launcher = getattr(self.__dict__.get("cluster"), "launcher", None)
+        if cpus and hasattr(launcher, "cpus_per_node"):  # --cpus-per-task sized to the smallest node
+            launcher.cpus_per_node = min(cpus)
+
+    @property
+    def node_facts(self) -> ClusterFacts | None:
+        """The nodes' facts: probed here, or the controller's ``probe.json`` (xdist workers, ranks)."""
+        if self.probed is None and self.is_xdist_worker:
+            from pytest_gpucluster.cluster.probe import PROBE_FILE, probe_here, probe_options
+
+            path = self.results_dir / PROBE_FILE
+            if path.is_file():
+                import json
+
+                self.probed = ClusterFacts.from_json(json.loads(path.read_text(encoding="utf-8")))
+            elif all_local(self.hosts) or os.environ.get("GPUCLUSTER_RANK_SIDE") == "1":
+                self.probed = probe_here(probe_options(self.forward_patterns))
+        return self.probed
+
+    @property
+    def forward_patterns(self) -> tuple[str, ...]:
+        """The variables every job carries: the defaults, ``--forward-env``, the profile's."""
+        from pytest_gpucluster.launch.forward_env import forward_patterns
+
+        return forward_patterns(self.settings.forward_env, self.profile.model.launch.forward_env)
+
+    @property
+    def rendezvous_deadline(self) -> float:
+        from pytest_gpucluster.launch.job import rendezvous_deadline
+
+        return rendezvous_deadline(max(len(self.hosts), 1), self.settings.rendezvous_timeout)
 
     def header_record(self) -> dict[str, Any]:
         model = self.profile.model
@@ -175,7 +267,7 @@ class GpuClusterSession:
         lines = [
             f"gpucluster: profile {self.profile.name} ({self.profile_reason}), "
             f"{nodes} node{'s' if nodes != 1 else ''} x {self.ranks_per_node} ranks, backend {cluster.backend}, "
-            f"launcher {self.settings.launcher}",
+            f"launcher {self.settings.launcher}{self._launcher_why()}",
             f"gpucluster: thresholds {self.profile.path} (sha256 {self.profile.sha256[:12]})",
             f"gpucluster: results -> {self.results_dir}",
         ]
@@ -183,8 +275,28 @@ class GpuClusterSession:
             lines.append(f"gpucluster: WARNING {warning}")
         if self.leftovers is not None:
             lines += [f"gpucluster: {line}" for line in self.leftovers.lines()]
+        lines += self._probe_lines()
         if self.settings.dry_run:
             lines.append("gpucluster: dry run — commands are printed, nothing is launched")
+        return lines
+
+    def _launcher_why(self) -> str:
+        source = self.settings.source("launcher")
+        return f" ({source.removeprefix('default ')})" if source.startswith("default inside") else ""
+
+    def _probe_lines(self) -> list[str]:
+        facts = self.probed
+        if facts is None:
+            return [f"gpucluster: nodes not probed: {self.not_probed}"] if self.not_probed else []
+        lines = [f"gpucluster: nodes probed by {facts.source}:"]
+        for node in facts.nodes:
+            if node.error:
+                lines.append(f"gpucluster:   {node.host}: NOT PROBED: {node.error}")
+                continue
+            names = sorted(set(node.gpu_names))
+            gpus = f"{node.gpu_count} x {', '.join(names)}" if names else "no GPU"
+            via = f" ({node.gpu_source}, driver {node.driver})" if node.gpu_source else ""
+            lines.append(f"gpucluster:   {node.host}: {gpus}{via}, {len(node.ib_ports)} RDMA port(s)")
         return lines
 
     progress: Callable[[str], None] | None = None
@@ -201,7 +313,13 @@ class GpuClusterSession:
         if self.hostfile is not None:
             spec = ClusterSpec.from_hostfile(self.hostfile, self.ranks_per_node, self.backend)
         elif launcher_name == "slurm" and os.environ.get("SLURM_JOB_NODELIST"):
-            spec = ClusterSpec.from_slurm_env(backend=self.backend)
+            # The allocation's nodes, at the session's ranks per node (as with a hostfile): a login
+            # shell under salloc has no SLURM_GPUS_ON_NODE and often no tasks per node.
+            allocation = ClusterSpec.from_slurm_env(backend=self.backend)
+            rpn = self.ranks_per_node
+            spec = replace(
+                allocation, hosts=tuple((h, rpn) for h in allocation.host_names), nproc_per_node=rpn
+            )
         else:
             spec = ClusterSpec.from_local(self.ranks_per_node, self.backend)
         nnodes = self.settings.nnodes
@@ -215,6 +333,8 @@ class GpuClusterSession:
             progress=self.progress,
             default_env=self.nccl_env,
             session_tag=self.session_tag,
+            rendezvous_timeout=self.settings.rendezvous_timeout,
+            forward_env=self.forward_patterns,
         )
 
     def check_leftovers(self, *, kill: bool) -> None:
@@ -240,7 +360,15 @@ class GpuClusterSession:
                 raise SettingsError("--launcher-args is for slurm, mpirun and deepspeed; torchrun takes none")
             kwargs["extra_args"] = list(extra)
         if name == "slurm":
-            kwargs["mode"] = self.settings.slurm_mode
+            cluster = self.profile.model.cluster
+            kwargs.update(
+                mode=self.settings.slurm_mode,
+                device=cluster.device,
+                gpus_per_node=cluster.gpus_per_node or None,
+                gpu_request=self.profile.model.launch.slurm_gpu_request,
+                cpu_bind=self.settings.slurm_cpu_bind,
+                cpus_per_node=allocation_cpus(),
+            )
         return kwargs
 
     def unmet_requirements(self, item: pytest.Item) -> list[str]:
@@ -257,15 +385,17 @@ class GpuClusterSession:
                 )
                 missing.append(f"needs {min_nodes} nodes, the cluster has {self.available_nodes} ({where})")
             min_gpus = int(mark.kwargs.get("min_gpus_per_node", 0))
-            if min_gpus and machine.gpu_count < min_gpus:
-                missing.append(f"needs {min_gpus} GPUs per node, {machine.hostname} has {machine.gpu_count}")
-            for need in mark.kwargs.get("needs", ()):
+            needs = tuple(mark.kwargs.get("needs", ()))
+            facts = self.node_facts
+            if facts is not None:  # judged on the nodes, never on this (login) machine
+                missing += facts.unmet(min_gpus=min_gpus, needs=needs)
+            for need in needs:
                 if need == "multi-node":
                     if self.available_nodes < 2:
                         missing.append(
                             "needs multi-node: the cluster has 1 node (pass --hostfile with 2+ hosts)"
                         )
-                elif need not in machine.capabilities:
+                elif need in ("slurm", "mpi") and need not in machine.capabilities:
                     missing.append(f"needs {need}: {machine.why_missing(need)}")
         return missing
 

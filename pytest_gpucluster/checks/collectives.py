@@ -6,7 +6,7 @@ says
 - which tests there are (:func:`cases`): every collective on ``intra-node`` (a busbw curve for the
   report, checked or not), plus each (collective, scope) the profile's ``collectives.checks`` name;
 - how many nodes a scope means (:func:`scope_nodes`): intra-node 1, inter-node 2, full all;
-- what the ranks measured (:func:`collect`), and the checks of one case (:func:`collective_checks`):
+- what the ranks measured (:func:`collect`, from ``collective_data``), and the checks of one case (:func:`collective_checks`):
   busbw per size and placement, the time of each out-of-place point as ``latency``, and the wrong
   elements, the median over ``repeat`` spans gated, the spread recorded, and a hint that names the
   size, scope, node count and the slowest rank with its host;
@@ -16,26 +16,34 @@ says
   curve are compared with the baseline and shown, never failed on: one noisy 64 KiB point of seven
   collectives must not fail a run, a drop of the whole curve shows in its summaries.
 
-It also turns parsed nccl-tests runs into the same points (:func:`points_from_runs`), so the
+**Latency means what nccl-tests' means.** ``max_latency`` is gated on nccl-tests' own output
+(``tool="nccl-tests"``) and on the CPU sweep (gloo, ``perf_counter`` around a loop of blocking
+calls: the time of one collective as a rank sees it). The torch sweep on CUDA times ``iters``
+``dist.*`` calls between two CUDA events; at small sizes the span is bound by Python's per-call
+dispatch (tens of microseconds), not by the GPU, and reads up to ~2x nccl-tests' figure. There the
+time is recorded as information, its hint naming the profile key nccl-tests gates.
+
+Parsed nccl-tests runs become the same points (``collective_data.points_from_runs``), so the
 binaries' output is judged by the same code.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
+from pytest_gpucluster.checks.collective_data import CollectiveData, collect, points_from_runs
 from pytest_gpucluster.errors import JobFailed
-from pytest_gpucluster.maths.metrics import COLLECTIVES, summarize
-from pytest_gpucluster.maths.sweep import DTYPE_SIZES, Point, layout, summarize_sweep
-from pytest_gpucluster.parsers.nccl_tests import Run
+from pytest_gpucluster.maths.metrics import COLLECTIVES
+from pytest_gpucluster.maths.sweep import DTYPE_SIZES, Point, layout
+from pytest_gpucluster.profiles.nccl_env import allowed_algorithms
 from pytest_gpucluster.profiles.schema import CollectiveCheck, CollectivesSection
 from pytest_gpucluster.results.model import Check, Spread, ThresholdRef
 
 __all__ = [
     "SCOPES",
+    "UNGATED_LATENCY_TIMERS",
     "Case",
     "CollectiveData",
     "cases",
@@ -47,6 +55,9 @@ __all__ = [
 ]
 
 SCOPES = ("intra-node", "inter-node", "full")
+UNGATED_LATENCY_TIMERS = ("cuda_events",)
+"""Timers of our own sweep whose time per call is not gated against ``max_latency``: the CUDA-event
+span of the torch sweep (module doc). The CPU path's ``perf_counter`` is."""
 
 
 def human_size(size: float) -> str:
@@ -102,98 +113,6 @@ def scope_nodes(scope: str, available_nodes: int) -> tuple[int, str | None]:
     raise ValueError(f"unknown scope {scope!r}; known: {', '.join(SCOPES)}")
 
 
-# ----------------------------------------------------------------------------------- the results
-
-
-@dataclass(frozen=True, slots=True)
-class CollectiveData:
-    """What one job measured of one collective: its points, or why it could not run."""
-
-    collective: str
-    points: tuple[Point, ...] = ()
-    skipped: str | None = None
-    hosts: tuple[str, ...] = ()
-    """Host of each rank, in rank order."""
-    wrong_by_rank: Mapping[tuple[int, bool], tuple[int, ...]] = field(default_factory=dict)
-    """``(size_bytes, in_place) -> wrong elements per rank`` where the check ran."""
-
-
-def collect(values: Sequence[Mapping[str, Any]]) -> dict[str, CollectiveData]:
-    """Per collective, the points of all its sweeps in one job (``values``: each rank's return
-    value of ``collectives:sweep_many``, in rank order), merged by size and placement."""
-    if not values:
-        raise JobFailed("the collective sweep job returned no rank values")
-    hosts = tuple(str(v.get("host", "?")) for v in values)
-    merged: dict[str, dict[tuple[int, bool], Point]] = {}
-    skipped: dict[str, str] = {}
-    wrong: dict[str, dict[tuple[int, bool], tuple[int, ...]]] = {}
-    for index in range(len(values[0]["sweeps"])):
-        per_rank = [v["sweeps"][index] for v in values]
-        collective = str(per_rank[0]["collective"])
-        reasons = sorted({str(p["skipped"]) for p in per_rank if "skipped" in p})
-        if reasons:
-            skipped[collective] = "; ".join(reasons)
-            continue
-        points = merged.setdefault(collective, {})
-        for point in summarize_sweep(per_rank):
-            points.setdefault((point.size_bytes, point.in_place), point)
-        for n, raw in enumerate(per_rank[0]["points"]):
-            for placement in ("out_of_place", "in_place"):
-                cells = [r["points"][n].get(placement) for r in per_rank]
-                if cells[0] is not None and all(c and c.get("wrong") is not None for c in cells):
-                    key = (int(raw["size_bytes"]), placement == "in_place")
-                    wrong.setdefault(collective, {})[key] = tuple(int(c["wrong"]) for c in cells)
-    out: dict[str, CollectiveData] = {}
-    for collective in dict.fromkeys(str(s["collective"]) for s in values[0]["sweeps"]):
-        if collective in skipped:
-            out[collective] = CollectiveData(collective, skipped=skipped[collective], hosts=hosts)
-        else:
-            points = tuple(v for _, v in sorted(merged.get(collective, {}).items()))
-            out[collective] = CollectiveData(collective, points, None, hosts, wrong.get(collective, {}))
-    return out
-
-
-def points_from_runs(runs_per_repeat: Sequence[Sequence[Run]]) -> list[Point]:
-    """Points from nccl-tests output, one list of parsed runs per repetition of the same command:
-    per size, the median over the repetitions (nccl-tests prints no per-rank times)."""
-    cells: dict[tuple[int, bool], list[tuple[float, float, float, int | None]]] = {}
-    meta: dict[int, tuple[str, int, int]] = {}
-    for runs in runs_per_repeat:
-        for run in runs:
-            for row in run.rows:
-                meta[row.size_bytes] = (run.collective or "?", row.count, run.nranks or 0)
-                for in_place, m in ((False, row.out_of_place), (True, row.in_place)):
-                    if m is not None:
-                        cells.setdefault((row.size_bytes, in_place), []).append(
-                            (m.time_us, m.algbw_gbs, m.busbw_gbs, m.wrong)
-                        )
-    points = []
-    for (size, in_place), rows in sorted(cells.items()):
-        collective, count, nranks = meta[size]
-        times = tuple(r[0] for r in rows)
-        busbws = [r[2] for r in rows]
-        wrongs = [r[3] for r in rows]
-        points.append(
-            Point(
-                collective=collective,
-                size_bytes=size,
-                count=count,
-                in_place=in_place,
-                nranks=nranks,
-                time_us=statistics.median(times),
-                algbw_gbs=statistics.median(r[1] for r in rows),
-                busbw_gbs=statistics.median(busbws),
-                wrong=None if any(w is None for w in wrongs) else sum(int(w) for w in wrongs),
-                slowest_rank=-1,
-                per_rank_time_us=(),
-                per_rank_lag_us=(),
-                repeat_time_us=times,
-                busbw_spread=summarize(busbws),
-            )
-        )
-    return points
-
-
 # ----------------------------------------------------------------------------------- the verdicts
 
 
@@ -225,7 +144,23 @@ Limit = tuple[float, ThresholdRef, str]
 """A threshold, its profile key, and the profile entry's own note on where it comes from."""
 
 
-def _limits(case: Case, nranks: int, dtype: str, profile: str) -> tuple[dict[int, Limit], dict[int, Limit]]:
+def _algo_note(check: CollectiveCheck, case: Case, env: Mapping[str, str] | None, nodes: int) -> str:
+    """What the floor assumes of NCCL's algorithm, and whether the job's environment allowed it."""
+    if check.algo is None:
+        return ""
+    note = f"the floor assumes NCCL algorithm {check.algo}"
+    if env is not None and check.algo not in allowed_algorithms(dict(env), case.collective, nodes):
+        shown = env.get("NCCL_ALGO") or "unset"
+        note += (
+            f", which this job's environment does not allow (NCCL_ALGO={shown}, NCCL_NVLS_ENABLE="
+            f"{env.get('NCCL_NVLS_ENABLE', 'unset')}): set collectives.scope_env.{case.scope}.NCCL_ALGO"
+        )
+    return note
+
+
+def _limits(
+    case: Case, nranks: int, dtype: str, profile: str, env: Mapping[str, str] | None = None, nodes: int = 1
+) -> tuple[dict[int, Limit], dict[int, Limit]]:
     """The floors and ceilings the case's profile checks set, by the size nccl-tests reports for
     them (all_gather of 1000 B is a 992 B buffer on 2 ranks); the strictest where two overlap."""
     elt = DTYPE_SIZES.get(dtype, 4)
@@ -233,7 +168,7 @@ def _limits(case: Case, nranks: int, dtype: str, profile: str) -> tuple[dict[int
     ceiling: dict[int, Limit] = {}
     for index, check in case.checks:
         size = layout(case.collective, int(check.size), elt, nranks).size_bytes if nranks else int(check.size)
-        note = check.source or ""
+        note = "; ".join(n for n in (check.source or "", _algo_note(check, case, env, nodes)) if n)
         if check.min_busbw is not None and check.min_busbw > floor.get(size, (-1.0,))[0]:
             floor[size] = (check.min_busbw, _ref(profile, index, "min_busbw"), note)
         if check.max_latency is not None and check.max_latency < ceiling.get(size, (float("inf"),))[0]:
@@ -253,10 +188,27 @@ def _busbw_spread(p: Point) -> Spread | None:
     return Spread.of(p.size_bytes / (t * 1e-6) * factor for t in p.repeat_time_us)
 
 
+def _ungated_latency(ceiling: Limit | None) -> str:
+    if ceiling is None:
+        return ""
+    return (
+        f"Not gated here: {ceiling[1].key} is gated on nccl-tests' output only (test_nccl_tests). This time is "
+        "torch's, CUDA events around a Python loop of collective calls, whose per-call dispatch inflates small "
+        "sizes up to ~2x against nccl-tests. "
+    )
+
+
 def _point_checks(
-    p: Point, labels: dict[str, Any], scope: str, where: str, floor: Limit | None, ceiling: Limit | None
+    p: Point,
+    labels: dict[str, Any],
+    scope: str,
+    where: str,
+    floor: Limit | None,
+    ceiling: Limit | None,
+    latency_gated: bool = True,
 ) -> list[Check]:
-    """busbw of one point (both placements); the time of one call at out-of-place points."""
+    """busbw of one point (both placements); the time of one call at out-of-place points, against
+    ``ceiling`` where ``latency_gated`` (module doc: what latency means)."""
     out = [
         Check(
             f"collectives.{p.collective}.busbw",
@@ -272,18 +224,19 @@ def _point_checks(
         )
     ]
     if not p.in_place:
+        gated = ceiling if latency_gated else None
         out.append(
             Check(
                 f"collectives.{p.collective}.latency",
                 p.time_us * 1e-6,
                 "s",
-                ceiling[0] if ceiling else None,
+                gated[0] if gated else None,
                 "<=",
-                ceiling[1] if ceiling else None,
+                gated[1] if gated else None,
                 scope,
                 {k: v for k, v in labels.items() if k != "placement"},
                 Spread.of(t * 1e-6 for t in p.repeat_time_us) if p.repeat_time_us else None,
-                _hint(where, ceiling),
+                ("" if latency_gated else _ungated_latency(ceiling)) + _hint(where, ceiling),
             )
         )
     return out
@@ -352,6 +305,7 @@ def collective_checks(
     origin: str,
     tool: str | None = None,
     partial: bool = False,
+    env: Mapping[str, str] | None = None,
 ) -> list[Check]:
     """What to record and judge for one case: busbw of every point (both placements), the time
     of every out-of-place point as ``latency``, the wrong elements summed over the sweep, and the
@@ -359,8 +313,12 @@ def collective_checks(
 
     The profile's checks set the thresholds of the points at their sizes (out-of-place, as
     nccl-tests numbers are usually quoted); every other value is recorded as information.
+    ``max_latency`` is gated on nccl-tests' output and on the CPU sweep only (module doc).
     ``origin`` says where the numbers come from (job directory, command line) for the hints;
-    ``tool`` labels values from somewhere other than our own sweep (``"nccl-tests"``).
+    ``tool`` labels values from somewhere other than our own sweep (``"nccl-tests"``). ``env``
+    is the NCCL environment the job ran with: its ``NCCL_ALGO`` becomes the ``nccl_algo`` label
+    (a forced algorithm is a different series for the baseline), and a floor whose ``algo`` it
+    does not allow says so.
     ``partial``: ``data`` holds some sizes only (the gate's re-measurement of a few points): the
     profile's checks at other sizes are left out, and so are the curve's summaries.
     """
@@ -370,7 +328,8 @@ def collective_checks(
     nranks = points[0].nranks
     if partial:
         case = _only_measured(case, points, nranks, dtype)
-    floor, ceiling = _limits(case, nranks, dtype, profile)
+    floor, ceiling = _limits(case, nranks, dtype, profile, env, nodes)
+    latency_gated = tool is not None or data.timer not in UNGATED_LATENCY_TIMERS
     missing = sorted((set(floor) | set(ceiling)) - {p.size_bytes for p in points if not p.in_place})
     if missing:
         raise JobFailed(
@@ -380,6 +339,8 @@ def collective_checks(
     common: dict[str, Any] = {"collective": name, "dtype": dtype, "nodes": nodes} | (
         {"tool": tool} if tool else {}
     )
+    if env and env.get("NCCL_ALGO"):
+        common["nccl_algo"] = env["NCCL_ALGO"]
     out: list[Check] = []
     for p in points:
         labels = {"size_bytes": p.size_bytes, "collective": name, "placement": p.placement} | common
@@ -389,7 +350,13 @@ def collective_checks(
         )
         gated = not p.in_place
         out += _point_checks(
-            p, labels, scope, where, floor.get(p.size_bytes) if gated else None, ceiling.get(p.size_bytes)
+            p,
+            labels,
+            scope,
+            where,
+            floor.get(p.size_bytes) if gated else None,
+            ceiling.get(p.size_bytes),
+            latency_gated,
         )
     if not partial:
         where = f"{name} ({dtype}) on {nodes} node(s) x {ranks_per_node} ranks, scope {scope}. Numbers from {origin}"

@@ -211,11 +211,20 @@ def speedup_info(comparison: Comparison) -> list[Check]:
     ]
 
 
-def speedup_checks(profile: ProfileModel, comparison: Comparison, advice: str) -> list[Check]:
+def speedup_checks(
+    profile: ProfileModel, comparison: Comparison, advice: str, untrusted: str | None = None
+) -> list[Check]:
     """Per size: the fast side's busbw against ``min_busbw`` (where set), and fast over slow
-    against ``min_speedup``; ``advice`` says what a ratio near 1 means on this kind of node."""
+    against ``min_speedup``; ``advice`` says what a ratio near 1 means on this kind of node.
+
+    ``untrusted`` says why the ratio means nothing (the slow side was shown on NVLink, see
+    ``checks/nvlink_transport.py``): the ratio is then recorded without a threshold, and the check
+    that found the contradiction fails instead of a bogus speedup."""
     assert profile.nvlink is not None and profile.nvlink.min_speedup is not None
     section = profile.nvlink
+    min_speedup = None if untrusted else section.min_speedup
+    ref = None if untrusted else _ref(profile, "min_speedup")
+    void = f"Not judged: {untrusted}. " if untrusted else ""
     out = speedup_info(comparison)
     for point in comparison.points:
         if section.min_busbw is not None:
@@ -228,9 +237,9 @@ def speedup_checks(profile: ProfileModel, comparison: Comparison, advice: str) -
             )  # fmt: skip
         out.append(
             Check(
-                "nvlink.speedup", point.ratio, "x", section.min_speedup, ">=", _ref(profile, "min_speedup"),
+                "nvlink.speedup", point.ratio, "x", min_speedup, ">=", ref,
                 "intra-node", {"size_bytes": point.size_bytes, "pair": comparison.pair}, point.ratio_spread(),
-                f"{comparison.fast} all_reduce busbw {_gbs(point.fast_busbw)} over {comparison.slow} "
+                f"{void}{comparison.fast} all_reduce busbw {_gbs(point.fast_busbw)} over {comparison.slow} "
                 f"{_gbs(point.slow_busbw)} ({comparison.origin}). {advice}",
             )
         )  # fmt: skip

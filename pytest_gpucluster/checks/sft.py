@@ -16,7 +16,8 @@ metric                       threshold                   value
 ``sft.mfu``                  ``min_mfu``                 the slowest rank's MFU (needs peak_flops)
 ``sft.peak_memory``          ``max_peak_memory``         per rank (labels rank, host): CUDA max
                                                          reserved, or the process's peak resident set
-``sft.gpu_util``             ``min_gpu_util``            per rank, mean NVML utilisation
+``sft.gpu_util``             ``min_gpu_util``            per rank, mean NVML utilisation (never a
+                                                         throughput figure: see below)
 ``sft.loss_finite``          always                      every step's loss is finite
 ``sft.loss_decreased``       always (launched runs)      the last step's loss is below the first
 ============================ =========================== =========================================
@@ -24,6 +25,12 @@ metric                       threshold                   value
 A metric whose threshold is unset is still recorded (verdict ``info``) when it was measured; a
 threshold set but not measured (MFU without ``cluster.peak_flops``) is a check with no value,
 which ``Recorder.check_all`` reports as not measured.
+
+GPU utilisation is not throughput: NVML counts the time any kernel runs, and NCCL kernels spinning
+on a slow network count as busy, so a network-bound job reads ~100%. It stays recorded, while
+throughput (step time, samples/s, tokens/s per GPU, MFU) is always recorded beside it and gated
+where the case sets a floor. A case that gates utilisation but no throughput says so in the
+``sft.gpu_util`` hint (``gpucluster profiles check`` warns about such a case too, class 6).
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ from pytest_gpucluster.results.model import Check, Comparison, Spread, Threshold
 __all__ = ["launched_checks", "log_checks", "scaling_checks", "throughput"]
 
 NOT_MEASURED = float("nan")
+THROUGHPUT_KEYS = ("max_step_time", "min_samples_per_s", "min_tokens_per_s_per_gpu", "min_mfu")
+"""The case keys that gate throughput; ``min_gpu_util`` is not one (module doc)."""
 
 
 def _ref(profile: ProfileModel, index: int, key: str) -> ThresholdRef:
@@ -191,6 +200,15 @@ def launched_checks(
             ">=",
             hint,
         )
+    util_note = (
+        ""
+        if any(getattr(case, k) is not None for k in THROUGHPUT_KEYS)
+        else (
+            " Not a throughput gate: this case gates no throughput (none of "
+            f"{', '.join(THROUGHPUT_KEYS)}), and NVML counts NCCL kernels spinning on a slow network as busy; "
+            "judge the tokens/s per GPU recorded beside it, and set min_tokens_per_s_per_gpu or min_mfu."
+        )
+    )
     for v in values:
         rank = {"rank": v["rank"], "host": v["host"]}
         build.add(
@@ -202,7 +220,7 @@ def launched_checks(
             hint = (
                 f"Mean of {util['samples']} NVML samples every {util['interval_s']} s during the timed steps "
                 f"(min {util['min']:.0f}%, max {util['max']:.0f}%). A GPU waiting for data, the host or its "
-                "peers shows low utilisation."
+                f"peers shows low utilisation.{util_note}"
             )
             build.add(
                 "sft.gpu_util", util["mean"] / 100.0, "min_gpu_util", "fraction", ">=", hint, labels=rank

@@ -60,9 +60,25 @@ class LaunchCommand:
         object.__setattr__(self, "env", _frozen_env(self.env))
 
     def shell_line(self) -> str:
-        """For people only (dry run, error messages): the command as one copy-pasteable line."""
-        prefix = [f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
-        return " ".join([*prefix, *(shlex.quote(a) for a in self.argv)])
+        """For people only (dry run, error messages): the command as one copy-pasteable line, with
+        the values of secret-looking variables (``HF_TOKEN=...``, in the environment or in the
+        argv's ``env K=V`` / ``-x K=V``) replaced by ``<redacted>``."""
+        prefix = [f"{k}={shlex.quote(_shown(k, v))}" for k, v in sorted(self.env.items())]
+        return " ".join([*prefix, *(shlex.quote(_shown_arg(a)) for a in self.argv)])
+
+
+def _shown(name: str, value: str) -> str:
+    from pytest_gpucluster.cluster.nccl_names import REDACTED, is_secret_name
+
+    return REDACTED if value and is_secret_name(name) else value
+
+
+def _shown_arg(arg: str) -> str:
+    name, sep, value = arg.partition("=")
+    quote = "'" if name.startswith("'") else ""  # an argument already quoted for ssh
+    if sep and name.removeprefix(quote).isidentifier() and _shown(name.removeprefix(quote), value) != value:
+        return f"{name}={_shown(name.removeprefix(quote), value)}{quote}"
+    return arg
 
 
 REMOTE_PRESETS: dict[str, tuple[str, ...]] = {

@@ -15,9 +15,12 @@
   ``--no_ssh_check``: a one-node hostfile would otherwise need ssh to localhost.
 - ``--no_local_rank``: ranks read LOCAL_RANK from the environment (the worker would also
   ignore a ``--local_rank=N`` argument).
-- Several nodes: the runner reaches them through ``multinode_launcher`` (pdsh by default),
-  which forwards only some variables; the job's variables go into a ``DS_ENV_FILE`` that
-  `prepare` writes, so every rank gets them (the job id included, which the reaper needs).
+- Several nodes: the runner reaches them through ``multinode_launcher`` (pdsh by default, or
+  the site's ``--launcher=...`` in ``extra_args``), which forwards only some variables; the job's
+  variables (the forwarded environment included, `launch.forward_env`) go into a ``DS_ENV_FILE``
+  that `prepare` writes (mode 0600: it may hold a token), so every rank gets them (the job id
+  included, which the reaper needs). DeepSpeed's MPI-based runners (``openmpi``, ``mpich``,
+  ``impi``, ``mvapich``) refuse ``--num_nodes``/``--num_gpus``: the hostfile alone says it then.
 
 Command building is pure; `prepare` writes the files.
 """
@@ -39,6 +42,7 @@ __all__ = ["ENV_FILE_NAME", "HOSTFILE_NAME", "DeepSpeedLauncher"]
 HOSTFILE_NAME = "hostfile.deepspeed"
 ENV_FILE_NAME = "deepspeed.env"
 MULTINODE_LAUNCHERS = ("pdsh", "openmpi", "mvapich", "mpich", "impi", "slurm")
+_MPI_RUNNERS = ("openmpi", "mvapich", "mpich", "impi")
 
 
 def _default_port() -> int:
@@ -69,7 +73,14 @@ class DeepSpeedLauncher:
             raise SettingsError("DeepSpeed --include is empty; give e.g. 'localhost:0,1' or leave it out")
         self.extra_args = split_args(extra_args, "--deepspeed-args")
         self.include = include
-        self.multinode_launcher = multinode_launcher
+        chosen = _site_launcher(self.extra_args)
+        if chosen is not None and chosen not in MULTINODE_LAUNCHERS:
+            raise SettingsError(
+                f"DeepSpeed multi-node launcher {chosen!r} (in --launcher-args) is not one of "
+                f"{', '.join(MULTINODE_LAUNCHERS)}"
+            )
+        self.multinode_launcher = chosen or multinode_launcher
+        self._site_chose = chosen is not None
         self.port_picker = port_picker or _default_port
 
     def available(self) -> str | None:
@@ -105,7 +116,9 @@ class DeepSpeedLauncher:
             to_deepspeed(job_hostfile(job), job.nproc_per_node), encoding="utf-8"
         )
         if job.nnodes > 1:
-            self.env_file_path(job).write_text(self.env_file_text(job), encoding="utf-8")
+            path = self.env_file_path(job)
+            path.touch(mode=0o600)
+            path.write_text(self.env_file_text(job), encoding="utf-8")
 
     def runner_options(self, job: JobSpec, port: int) -> list[str]:
         options = [
@@ -114,11 +127,12 @@ class DeepSpeedLauncher:
             f"--master_addr={master_addr(job)}",
             f"--master_port={port}",
         ]  # fmt: skip
+        mpi_runner = job.nnodes > 1 and self.multinode_launcher in _MPI_RUNNERS
         if self.include is not None:
             options.append(f"--include={self.include}")
-        else:
+        elif not mpi_runner:
             options += [f"--num_nodes={job.nnodes}", f"--num_gpus={job.nproc_per_node}"]
-        if job.nnodes > 1:
+        if job.nnodes > 1 and not self._site_chose:
             options.append(f"--launcher={self.multinode_launcher}")
         options.append("--no_local_rank")
         return [*options, *self.extra_args]
@@ -134,3 +148,13 @@ class DeepSpeedLauncher:
         if job.nnodes > 1:
             env["DS_ENV_FILE"] = str(self.env_file_path(job))
         return [LaunchCommand(host=job.hosts[0], argv=tuple(argv), env=env)]
+
+
+def _site_launcher(args: Sequence[str]) -> str | None:
+    """The multi-node launcher named in the site's runner arguments (``--launcher=openmpi``)."""
+    for index, arg in enumerate(args):
+        if arg.startswith("--launcher="):
+            return arg.split("=", 1)[1]
+        if arg == "--launcher" and index + 1 < len(args):
+            return args[index + 1]
+    return None

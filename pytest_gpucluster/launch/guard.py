@@ -17,7 +17,7 @@ waits for it, watching the controller, the pytest process that launched the job:
 
 When the controller is gone, the guard runs the ``--on-orphan`` commands (``scancel`` of the
 job's Slurm step), stops every process of the job on its node by job id (stack dump, SIGTERM,
-SIGKILL: `launch.process.terminate_job`) and exits with `ORPHANED_EXIT`. The agent it starts
+SIGKILL: `launch.reaper.terminate_job`) and exits with `ORPHANED_EXIT`. The agent it starts
 gets ``PR_SET_PDEATHSIG``, so killing the guard itself takes the agent with it, and every rank
 sets the same on itself (`workloads._worker`): the chain controller -> guard -> agent -> rank
 holds even where one link is killed outright.
@@ -44,7 +44,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from types import FrameType
 
-from pytest_gpucluster.launch.process import HELLO, process_start_ticks, terminate_job
+from pytest_gpucluster.launch.process import HELLO
+from pytest_gpucluster.launch.reaper import process_start_ticks, terminate_job
 from pytest_gpucluster.workloads._parent_death import die_with_parent
 from pytest_gpucluster.workloads._runtime import JOB_ID_ENV
 

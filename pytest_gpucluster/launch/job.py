@@ -37,19 +37,41 @@ from pytest_gpucluster.launch.base import (
     is_local_host,
     merge_pythonpath,
 )
+from pytest_gpucluster.launch.forward_env import DEFAULT_PATTERNS, forwarded_env
 from pytest_gpucluster.launch.guard import guard_argv
+from pytest_gpucluster.launch.job_files import read_rank_states
 from pytest_gpucluster.launch.leftovers import SessionTag
-from pytest_gpucluster.launch.process import LaunchSpec, read_rank_states, reap_argv, run_commands
+from pytest_gpucluster.launch.process import LaunchSpec, run_commands
+from pytest_gpucluster.launch.reaper import reap_argv
 from pytest_gpucluster.launch.result import JobResult, build_result
 from pytest_gpucluster.launch.xdist import launch_lock
 from pytest_gpucluster.workloads._runtime import JOB_FILE, JOB_ID_ENV, SESSION_ENV, write_json_atomic
 
-__all__ = ["RANK_DEADLINE_GRACE_S", "Cluster", "guarded", "workload_name"]
+__all__ = [
+    "RANK_DEADLINE_GRACE_S",
+    "RENDEZVOUS_BASE_S",
+    "RENDEZVOUS_PER_NODE_S",
+    "Cluster",
+    "guarded",
+    "rendezvous_deadline",
+    "workload_name",
+]
 
 Workload = str | Callable[..., Any]
 RANK_DEADLINE_GRACE_S = 30.0
 """How long after the job's timeout a rank still running ends itself (see `workloads._worker`):
 long enough for the controller's own kill, with its stack dumps, to come first."""
+RENDEZVOUS_BASE_S = 120.0
+"""How long the ranks of a one-node job get to start (``--rendezvous-timeout``): imports, and on
+real sites container start-up and a shared filesystem's cold attribute caches."""
+RENDEZVOUS_PER_NODE_S = 2.0
+"""Added per node beyond the first: agents start one by one through ssh/pdsh, and the rendezvous
+store answers every node (a 64-node job gets 246 s, a 512-node job 1142 s)."""
+
+
+def rendezvous_deadline(nnodes: int, base_s: float = RENDEZVOUS_BASE_S) -> float:
+    """Seconds the ranks of an ``nnodes``-node job get to start and meet."""
+    return base_s + RENDEZVOUS_PER_NODE_S * max(nnodes - 1, 0)
 
 
 def workload_name(workload: Workload) -> tuple[str, list[str]]:
@@ -98,7 +120,8 @@ class Cluster:
         progress: Callable[[str], None] | None = None,
         default_env: Mapping[str, str] | None = None,
         *,
-        rendezvous_timeout: float = 60.0,
+        rendezvous_timeout: float = RENDEZVOUS_BASE_S,
+        forward_env: Sequence[str] = DEFAULT_PATTERNS,
         failure_grace: float = 5.0,
         python: str | None = None,
         session_tag: str | None = None,
@@ -113,6 +136,9 @@ class Cluster:
         self.progress = progress
         self.default_env = dict(default_env or {})
         self.rendezvous_timeout = rendezvous_timeout
+        """The start-up deadline of a one-node job; `rendezvous_deadline` adds per node."""
+        self.forward_env = tuple(forward_env)
+        """Patterns of this process's variables every job carries (`launch.forward_env`)."""
         self.failure_grace = failure_grace
         self.python = python or sys.executable
         # Jobs carry the session that launched them, so a later session can tell its leftovers.
@@ -171,7 +197,7 @@ class Cluster:
             raise SettingsError(f"a job timeout must be positive, got {timeout}")
         stamp = _dt.datetime.now().strftime("%H%M%S")
         job_id = f"{_slug(name or target.rpartition(':')[2])}-{stamp}-{uuid.uuid4().hex[:6]}"
-        job_env = {**self.default_env, **(env or {})}
+        job_env = {**forwarded_env(self.forward_env), **self.default_env, **(env or {})}
         job_env[JOB_ID_ENV] = job_id
         job_env[SESSION_ENV] = self.session_tag
         job_env["PYTHONPATH"] = merge_pythonpath(current_pythonpath_entry(), *roots)
@@ -185,7 +211,9 @@ class Cluster:
             env=job_env,
             timeout_s=float(timeout),
             rendezvous_port=next_port() if len(hosts) > 1 else None,
-            rendezvous_timeout_s=min(self.rendezvous_timeout, float(timeout)),
+            rendezvous_timeout_s=min(
+                rendezvous_deadline(len(hosts), self.rendezvous_timeout), float(timeout)
+            ),
             remote=self.remote_exec,
             users=self.spec.user_map,
             python=self.python,
@@ -209,6 +237,7 @@ class Cluster:
         options: Mapping[str, Any] | None = None,
         name: str | None = None,
         init_process_group: bool = True,
+        pick_device: bool = True,
         check: bool = True,
     ) -> JobResult:
         """Run ``workload`` (``"pkg.mod:func"`` or a module-level function) on every rank.
@@ -219,7 +248,8 @@ class Cluster:
         `JobResult`), or `JobSkipped` when every rank that reported skipped or succeeded (the
         plugin turns that into a pytest skip). A test that forgets to look at the result still
         fails. ``check=False`` returns the `JobResult` whatever happened, for tests that study
-        failures. `LaunchError` means nothing could be started.
+        failures. `LaunchError` means nothing could be started. ``pick_device=False``: the ranks
+        take no GPU (the per-node probe reads every GPU of its node and must run where none is).
         """
         __tracebackhide__ = True  # a failed job's report is the message, not the launcher's frames
         reason = self.launcher.available()
@@ -230,7 +260,14 @@ class Cluster:
             options=options, name=name,
         )  # fmt: skip
         job.job_dir.mkdir(parents=True, exist_ok=False)
-        user_env = {k: v for k, v in job.env.items() if k not in (JOB_ID_ENV, SESSION_ENV, "PYTHONPATH")}
+        # Forwarded variables reach the ranks through the launcher; job.json, which stays in the
+        # results directory, keeps only what the job itself sets (no HF_TOKEN copied to disk).
+        own = {**self.default_env, **(env or {})}
+        user_env = {
+            k: v
+            for k, v in job.env.items()
+            if k not in (JOB_ID_ENV, SESSION_ENV, "PYTHONPATH") and (k in own or k not in os.environ)
+        }
         write_json_atomic(
             job.job_dir / JOB_FILE,
             {
@@ -242,6 +279,7 @@ class Cluster:
                 "hard_deadline_s": job.timeout_s + self.rank_deadline_grace,
                 "env": user_env,
                 "init_process_group": init_process_group,
+                "pick_device": pick_device,
                 "hosts": list(job.hosts),
                 "nproc_per_node": job.nproc_per_node,
             },

@@ -7,7 +7,7 @@ Runs on every node a session uses, locally or through the remote-exec prefix:
   that launched it (``GPUCLUSTER_SESSION``), and every ``/dev/shm/deepspeed_*`` segment with
   the pids that still map it;
 - ``python -m pytest_gpucluster.launch.leftovers --reap JOB_ID... [--remove-shm NAME...]``
-  stops those jobs' processes (`launch.process.terminate_job`) and removes those segments,
+  stops those jobs' processes (`launch.reaper.terminate_job`) and removes those segments,
   and prints what it did as one JSON line.
 
 Deciding what is a leftover (whose session is gone) is the controller's job
@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pytest_gpucluster.launch.process import _is_zombie, process_start_ticks, terminate_job
+from pytest_gpucluster.launch.reaper import is_zombie, process_start_ticks, terminate_job
 from pytest_gpucluster.workloads._runtime import JOB_ID_ENV, SESSION_ENV
 
 __all__ = [
@@ -87,7 +87,7 @@ class SessionTag:
         """Is the owner alive? Only answerable on the owner's own machine ("unknown" elsewhere)."""
         if self.host != (host or socket.gethostname()):
             return "unknown"
-        if process_start_ticks(self.pid, proc) != self.start or _is_zombie(self.pid, proc):
+        if process_start_ticks(self.pid, proc) != self.start or is_zombie(self.pid, proc):
             return "dead"
         return "alive"
 
@@ -169,7 +169,7 @@ def job_processes(proc: str = "/proc") -> list[JobProcess]:
         if not entry.isdigit() or entry == me:
             continue
         env = _environ(entry, proc)
-        if not env or key not in env or _is_zombie(int(entry), proc):
+        if not env or key not in env or is_zombie(int(entry), proc):
             continue
         session = env.get(session_key)
         found.append(

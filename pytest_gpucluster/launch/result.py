@@ -21,7 +21,8 @@ from typing import Any
 
 from pytest_gpucluster.errors import JobFailed, JobSkipped
 from pytest_gpucluster.launch.base import LaunchCommand, is_local_host
-from pytest_gpucluster.launch.process import ProcessOutcome, tail_lines
+from pytest_gpucluster.launch.job_files import tail_lines
+from pytest_gpucluster.launch.process import ProcessOutcome
 from pytest_gpucluster.workloads._runtime import rank_log_path
 
 __all__ = ["JobResult", "JobSkipped", "RankOutcome", "build_result"]
@@ -56,6 +57,9 @@ class RankOutcome:
     """Why it skipped."""
     started_at: float | None = None
     finished_at: float | None = None
+    gpu: dict[str, Any] | None = None
+    """The CUDA device the rank took: ``index``, ``visible``, ``cuda_visible_devices``, ``uuid``
+    (None on CPU ranks)."""
 
     @property
     def ok(self) -> bool:
@@ -274,6 +278,7 @@ def build_result(
                 reason=state.get("reason"),
                 started_at=state.get("started_at"),
                 finished_at=state.get("finished_at"),
+                gpu=state.get("gpu"),
             )
         )
     notes = list(process.notes)

@@ -19,10 +19,22 @@ process dies before it can cancel anything.
 
 ``--kill-on-bad-exit=1``: one failed task ends the step. ``--immediate``: srun gives up when
 resources are not there instead of pending forever (FEASIBILITY §2: ``srun -n3`` on a 2-CPU
-node pended forever). ``--overcommit`` lets more tasks than CPUs run (CPU test nodes).
-``--export=ALL``: the job's variables reach every task even under ``sbatch --export=NONE``.
-GPUs, partitions and accounts are cluster policy: pass them as ``extra_args``
-(``--slurm-args="--partition=gpu --gpus-per-node=8"``).
+node pended forever). ``--export=ALL``: the job's variables (the forwarded environment
+included, `launch.forward_env`) reach every task even under ``sbatch --export=NONE``.
+
+CPU and GPU jobs differ (``device=``):
+
+- ``cpu``: ``--overcommit`` lets more tasks than CPUs run (CPU test nodes);
+- ``cuda``: never ``--overcommit``; the GPUs are requested (`GPU_REQUESTS`): ``--gpus-per-node=N``
+  (default), ``--gres=gpu:N``, or ``--gpus-per-task=N/tasks`` for sites that bind one GPU per
+  task, as the profile's ``launch.slurm_gpu_request`` says, unless ``extra_args`` (the site's own
+  ``--launcher-args``) already hold a GPU request, which then wins. A CUDA job with no GPU count to
+  ask for is refused before anything runs: without a request, Slurm gives the step no GPU.
+
+``--cpus-per-task`` is sized to the node once its CPUs are known (``cpus_per_node``: the per-node
+probe's count, or ``SLURM_CPUS_ON_NODE`` inside an allocation), divided among the node's tasks;
+``--cpu-bind`` is passed when ``cpu_bind`` is set (``--slurm-cpu-bind``). Partitions and accounts
+are cluster policy: pass them as ``extra_args`` (``--launcher-args="--partition=gpu"``).
 
 Command building is pure; only `allocation_hosts`, `cancel_by_name` and ``available`` run tools.
 """
@@ -43,9 +55,11 @@ from pytest_gpucluster.launch.base import JobSpec, LaunchCommand, worker_argv_ta
 from pytest_gpucluster.launch.torchrun import TorchrunLauncher
 from pytest_gpucluster.workloads._runtime import JOB_ID_ENV
 
-__all__ = ["MODES", "SlurmLauncher", "allocation_hosts", "cancel_by_name", "split_args"]
+__all__ = ["GPU_REQUESTS", "MODES", "SlurmLauncher", "allocation_hosts", "cancel_by_name", "split_args"]
 
 MODES = ("agent", "tasks")
+GPU_REQUESTS = ("gpus-per-node", "gres", "gpus-per-task")
+_SITE_GPU_FLAGS = ("--gpus-per-node", "--gres", "--gpus", "--gpus-per-task", "-G", "--tres-per-task")
 CANCEL_MODULE = "pytest_gpucluster.launch.slurm"
 
 Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
@@ -80,16 +94,38 @@ class SlurmLauncher:
         extra_args: str | Sequence[str] | None = None,
         *,
         srun: str = "srun",
-        overcommit: bool = True,
+        device: str = "cpu",
+        gpus_per_node: int | None = None,
+        gpu_request: str = "gpus-per-node",
+        cpus_per_node: int | None = None,
+        cpu_bind: str | None = None,
+        overcommit: bool | None = None,
         port_picker: Callable[[], int] | None = None,
     ) -> None:
         if mode not in MODES:
             raise SettingsError(f"slurm launcher mode {mode!r} is not one of {', '.join(MODES)}")
+        if gpu_request not in GPU_REQUESTS:
+            raise SettingsError(
+                f"Slurm GPU request {gpu_request!r} (launch.slurm_gpu_request) is not one of {', '.join(GPU_REQUESTS)}"
+            )
         self.mode = mode
         self.extra_args = split_args(extra_args)
         self.srun = srun
-        self.overcommit = overcommit
+        self.device = device
+        self.gpus_per_node = gpus_per_node
+        self.gpu_request = gpu_request
+        self.cpus_per_node = cpus_per_node
+        """Set once known (the per-node probe); None: no ``--cpus-per-task``."""
+        self.cpu_bind = cpu_bind
+        self.overcommit = device == "cpu" if overcommit is None else overcommit
         self.port_picker = port_picker or _default_port
+        self._site_gpus = any(a.split("=", 1)[0] in _SITE_GPU_FLAGS for a in self.extra_args)
+        if device == "cuda" and not self._site_gpus and not gpus_per_node:
+            raise SettingsError(
+                "a CUDA job under Slurm needs its GPUs requested, or Slurm gives its tasks none: the "
+                "profile names no cluster.gpus_per_node and --launcher-args holds no GPU request "
+                "(e.g. --launcher-args='--gpus-per-node=8' or '--gres=gpu:8')"
+            )
 
     def available(self) -> str | None:
         if shutil.which(self.srun) is None:
@@ -119,7 +155,25 @@ class SlurmLauncher:
         ]
         if self.overcommit:
             options.append("--overcommit")
+        options += self.resource_options(per_node)
         return [*options, *self.extra_args]
+
+    def resource_options(self, tasks_per_node: int) -> list[str]:
+        """The GPU request (CUDA jobs), ``--cpus-per-task`` and ``--cpu-bind``."""
+        options = []
+        if self.device == "cuda" and not self._site_gpus and self.gpus_per_node:
+            gpus = self.gpus_per_node
+            if self.gpu_request == "gres":
+                options.append(f"--gres=gpu:{gpus}")
+            elif self.gpu_request == "gpus-per-task":
+                options.append(f"--gpus-per-task={max(gpus // tasks_per_node, 1)}")
+            else:
+                options.append(f"--gpus-per-node={gpus}")
+        if self.cpus_per_node:
+            options.append(f"--cpus-per-task={max(self.cpus_per_node // tasks_per_node, 1)}")
+        if self.cpu_bind:
+            options.append(f"--cpu-bind={self.cpu_bind}")
+        return options
 
     def program(self, job: JobSpec) -> list[str]:
         """What each task runs."""

@@ -8,7 +8,7 @@ What the inventory check runs on a GPU host, and what parses it::
     nvidia-smi -L                                   -> parse_gpu_list
     nvidia-smi <INVENTORY_ARGS>                     -> parse_gpu_inventory
     nvidia-smi --query-gpu=<any> --format=csv[...]  -> parse_query_csv
-    nvidia-smi                                      -> parse_smi_table
+    nvidia-smi                                      -> parse_smi_table, parse_smi_processes
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ __all__ = [
     "parse_gpu_list",
     "parse_mib",
     "parse_query_csv",
+    "parse_smi_processes",
     "parse_smi_table",
     "to_json",
 ]
@@ -280,6 +281,37 @@ def parse_smi_table(text: str) -> SmiTable:
         cuda_version=cuda.group(1) if cuda else None,
         gpus=tuple(gpus),
     )
+
+
+# "|    0   N/A  N/A     10734      C   ...-x86_64-Release/abcdefgh/foo_bar         160MiB |" (GI/CI
+# columns since 450; older tables have none) -- the Processes section of the plain table.
+_TABLE_PROCESS = re.compile(
+    r"^\|\s+(\d+)\s+(?:(?:N/A|\d+)\s+(?:N/A|\d+)\s+)?(\d+)\s+([CGM+]+)\s+(.*?)\s+(\d+MiB|N/A)\s*\|$"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SmiProcess:
+    """One row of the table's ``Processes:`` section: a process holding a GPU."""
+
+    gpu: int
+    pid: int
+    kind: str
+    """``C`` (compute: a CUDA context), ``G`` (graphics), ``C+G``, ``M`` (MPS)."""
+    name: str
+    memory_mib: int | None
+
+
+def parse_smi_processes(text: str) -> list[SmiProcess]:
+    """The rows of the ``Processes:`` section of the plain ``nvidia-smi`` table (none when it says
+    ``No running processes found`` or has no such section). Names may be cut short (``...``)."""
+    found = []
+    for line in text.splitlines():
+        m = _TABLE_PROCESS.match(line.strip())
+        if m:
+            memory = parse_mib(m.group(5)) if m.group(5) != "N/A" else None
+            found.append(SmiProcess(int(m.group(1)), int(m.group(2)), m.group(3), m.group(4), memory))
+    return found
 
 
 def to_json(result: SmiTable | Sequence[GpuListEntry | GpuInventoryRow]) -> dict | list[dict]:

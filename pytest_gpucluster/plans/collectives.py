@@ -4,27 +4,39 @@ The profile's ``-b -e -f`` grid for the case's collective (nccl-tests' semantics
 sweep for every checked size off that grid (a 32 GB check beyond a 16 GiB grid, a 3 MiB one between
 points). Every case is its own `Part`; the harness runs the parts of one node count in one job, so
 the sweeps of all collectives share a start-up. Pure: no torch, no pytest.
+
+The sweep of a scope runs under that scope's ``collectives.scope_env`` (:func:`job_env`), so an
+inter-node floor measured with Tree or NVLSTree is measured with it again (NCCL otherwise picks
+Ring or Tree on 2 nodes by its own model). Those entries win over the session's NCCL variables,
+the user's included, for that job only; the checks record ``NCCL_ALGO`` as the ``nccl_algo`` label.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from pytest_gpucluster.checks.collectives import Case, scope_nodes
 from pytest_gpucluster.errors import ProfileError
 from pytest_gpucluster.harness import Part
+from pytest_gpucluster.maths.metrics import bus_factor
 from pytest_gpucluster.maths.sweep import sweep_sizes
-from pytest_gpucluster.profiles.schema import CollectivesSection, SweepSettings
+from pytest_gpucluster.plans.deadlines import DEADLINE_MARGIN, Deadline, explicit_timeout
+from pytest_gpucluster.profiles.nccl_env import scope_env
+from pytest_gpucluster.profiles.schema import ClusterSection, CollectivesSection, ProfileModel, SweepSettings
 from pytest_gpucluster.results.model import Check
 
 __all__ = [
     "WORKLOAD",
     "SweepRequest",
     "confirmation_part",
+    "estimate_sweep_runtime",
+    "expected_busbw",
+    "job_env",
     "job_options",
     "job_timeout",
+    "sweep_deadline",
     "sweep_part",
     "sweep_requests",
 ]
@@ -92,37 +104,152 @@ def job_timeout(
     """A deadline for one sweep job that no healthy run comes near: every collective call of the
     plan (warm-up, sync, ``repeat`` x ``iters`` timed, the check; both placements) moving its
     bytes at a floor rate far below any working fabric — 0.05 GB/s for gloo (a 2-core VM does
-    1.2 GB/s), 2 GB/s for NCCL — plus 5 s per sweep and 120 s for start-up."""
+    1.2 GB/s), 2 GB/s for NCCL — plus 5 s per sweep and 120 s for start-up. A fabric fallen back
+    to sockets still finishes inside it, so its low bandwidth is reported, not a timeout."""
+    return _floor_work(requests, settings, repeat, backend)[0]
+
+
+def _calls(settings: SweepSettings, repeat: int) -> int:
+    """Collective calls per size: both placements x (``repeat`` x ``iters`` timed + sync + check),
+    plus the warm-up of each placement."""
+    return 2 * (repeat * settings.iters + 2) + 2 * settings.warmup
+
+
+def _floor_work(
+    requests: Sequence[SweepRequest], settings: SweepSettings, repeat: int, backend: str
+) -> tuple[float, str]:
+    """`job_timeout` and its arithmetic, as the dry run shows it."""
     floor = 0.05e9 if backend == "gloo" else 2e9
-    calls = 2 * (repeat * settings.iters + 2) + 2 * settings.warmup
+    calls = _calls(settings, repeat)
     moved = sum(sum(sweep_sizes(r.min_bytes, r.max_bytes, r.factor)) * calls for r in requests)
-    return 120.0 + 5.0 * len(requests) + moved / floor
+    total = 120.0 + 5.0 * len(requests) + moved / floor
+    text = (
+        f"derived from the work: {moved / 1e9:.4g} GB moved ({calls} calls per size) at a "
+        f"{floor / 1e9:g} GB/s floor + 5 s x {len(requests)} sweep(s) + 120 s start-up"
+    )
+    return total, text
 
 
-def sweep_part(case: Case, section: CollectivesSection, available_nodes: int, backend: str) -> Part | None:
-    """The sweeps of one case on the nodes its scope means; None when the scope cannot run here
-    (the test skips with ``scope_nodes``' reason)."""
+def expected_busbw(case: Case, cluster: ClusterSection) -> tuple[float, str] | None:
+    """The bus bandwidth a healthy run of ``case`` reaches at least: the lowest ``min_busbw`` floor
+    of its checks, else the link its scope crosses (NVLink per GPU inside a node, the node's NICs
+    across nodes); None when the profile names neither."""
+    floors = [float(check.min_busbw) for _, check in case.checks if check.min_busbw]
+    if floors:
+        return min(floors), "its lowest min_busbw floor"
+    if case.scope == "intra-node" and cluster.nvlink_bandwidth:
+        return float(cluster.nvlink_bandwidth), "cluster.nvlink_bandwidth"
+    if case.scope != "intra-node" and cluster.nics_per_node and cluster.nic_line_rate:
+        return float(cluster.nics_per_node * cluster.nic_line_rate), "cluster.nics_per_node x nic_line_rate"
+    return None
+
+
+def estimate_sweep_runtime(
+    case: Case,
+    requests: Sequence[SweepRequest],
+    section: CollectivesSection,
+    cluster: ClusterSection,
+    nranks: int,
+) -> tuple[float, str] | str:
+    """How long a healthy run of the case's sweeps takes: every call of every size at the expected
+    bus bandwidth (time = size x bus factor / busbw, nccl-tests' definition turned round), ``repeat``
+    times, plus the start-up and per-sweep costs `job_timeout` counts; or why it cannot be said."""
+    expected = expected_busbw(case, cluster)
+    if expected is None:
+        return f"no expected bandwidth for {case.id} (no min_busbw floor, no link figure in cluster:)"
+    busbw, where = expected
+    calls = _calls(section.sweep, section.repeat)
+    factor = bus_factor(case.collective, max(nranks, 1)) or 1.0
+    sized = sum(sum(sweep_sizes(r.min_bytes, r.max_bytes, r.factor)) for r in requests)
+    seconds = 120.0 + 5.0 * len(requests) + sized * calls * factor / busbw
+    text = (
+        f"{sized / 1e9:.4g} GB of sizes x {calls} calls x bus factor {factor:.3g} at {busbw / 1e9:.4g} GB/s "
+        f"({where}) + 5 s x {len(requests)} sweep(s) + 120 s start-up"
+    )
+    return seconds, text
+
+
+def sweep_deadline(
+    case: Case,
+    requests: Sequence[SweepRequest],
+    section: CollectivesSection,
+    backend: str,
+    *,
+    nranks: int,
+    cluster: ClusterSection | None = None,
+    settings: Any = None,
+) -> Deadline:
+    """The deadline of one case's sweeps: an explicit ``--job-timeout`` (``settings``), else the
+    work at the floor rate (`job_timeout`), and never below :data:`DEADLINE_MARGIN` x the run
+    estimated at the expected bandwidth (`estimate_sweep_runtime`)."""
+    estimate = estimate_sweep_runtime(case, requests, section, cluster, nranks) if cluster else None
+    estimated = estimate[0] if isinstance(estimate, tuple) else None
+    override = explicit_timeout(settings) if settings is not None else None
+    if override is not None:
+        return Deadline(override.seconds, override.why, estimated, _estimate_text(estimate))
+    floor_s, why = _floor_work(requests, section.sweep, section.repeat, backend)
+    if estimated is not None and floor_s < estimated * DEADLINE_MARGIN:
+        floor_s = estimated * DEADLINE_MARGIN
+        why = f"{DEADLINE_MARGIN:g} x the estimated run, above the floor-rate deadline"
+    return Deadline(floor_s, why, estimated, _estimate_text(estimate))
+
+
+def _estimate_text(estimate: tuple[float, str] | str | None) -> str:
+    if estimate is None:
+        return ""
+    return estimate[1] if isinstance(estimate, tuple) else f"run time not estimated: {estimate}"
+
+
+def job_env(profile: ProfileModel, scope: str) -> dict[str, str]:
+    """What the sweep job of ``scope`` sets over the session's NCCL environment: the scope's
+    ``collectives.scope_env`` entries (``profiles.nccl_env.scope_env`` less what ``nccl_env``,
+    already in every job, sets the same)."""
+    base = profile.nccl_env
+    return {k: v for k, v in scope_env(profile, scope).items() if base.get(k) != v}
+
+
+def sweep_part(
+    case: Case,
+    section: CollectivesSection,
+    available_nodes: int,
+    backend: str,
+    env: Mapping[str, str] | None = None,
+    *,
+    cluster: ClusterSection | None = None,
+    ranks_per_node: int = 1,
+    settings: Any = None,
+) -> Part | None:
+    """The sweeps of one case on the nodes its scope means, under ``env`` (:func:`job_env`); None
+    when the scope cannot run here (the test skips with ``scope_nodes``' reason). Its deadline:
+    `sweep_deadline` (``cluster`` gives the expected bandwidth, ``settings`` an explicit
+    ``--job-timeout``)."""
     nodes, reason = scope_nodes(case.scope, available_nodes)
     if reason is not None:
         return None
     requests = sweep_requests(case, section.sweep)
+    deadline = sweep_deadline(
+        case, requests, section, backend, nranks=nodes * ranks_per_node, cluster=cluster, settings=settings
+    )
     return Part(
         name=f"collectives-{case.id}",
         workload=WORKLOAD,
         options=job_options(requests, section.sweep, section.repeat),
         nodes=nodes,
-        timeout_s=job_timeout(requests, section.sweep, section.repeat, backend),
+        env=dict(env or {}),
+        timeout_s=deadline.seconds,
+        deadline=deadline.text,
     )
 
 
 def confirmation_part(
-    first: Part, case: Case, section: CollectivesSection, suspects: Sequence[Check], backend: str
+    first: Part, case: Case, section: CollectivesSection, suspects: Sequence[Check]
 ) -> tuple[Part, bool]:
     """What the regression gate re-measures for ``suspects`` of ``case`` (a new part, run alone):
     only their sizes, one one-size sweep each, unless a suspect summarizes the curve (peak busbw,
     busbw at the largest size), which needs the whole grid again (about twice the largest size's
     time, sizes growing by a factor). Returns the part, and whether it is the whole grid.
-    The part is ``first`` (the case's sweep part, with its environment) with other sweeps."""
+    The part is ``first`` (the case's sweep part, with its environment and its deadline: some of
+    its sizes take no longer than all of them) with other sweeps."""
     sizes = {int(s.labels["size_bytes"]) for s in suspects if "size_bytes" in s.labels}
     whole = any(s.baseline_gate for s in suspects) or not sizes
     if whole:
@@ -134,6 +261,5 @@ def confirmation_part(
         first,
         name=f"{first.name}-confirm",
         options=job_options(requests, section.sweep, section.repeat),
-        timeout_s=job_timeout(requests, section.sweep, section.repeat, backend),
     )
     return part, whole

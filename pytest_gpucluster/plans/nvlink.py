@@ -2,9 +2,11 @@
 
 - the inventory: one rank per node, no process group, reading GPUs, links and ``topo -m``;
 - the traffic job: an intra-node all_reduce with the NVLink byte counters read around it;
-- the speedup: on a cuda profile the all_reduce sweep twice, as configured and with
-  ``NCCL_P2P_DISABLE=1``; on a cpu profile DeepSpeed's shared-memory all_reduce against gloo's,
-  in one job (the CPU analogue, so the gate runs in CI);
+- the speedup: on a cuda profile the all_reduce sweep twice, as configured and with NVLink
+  turned off (:data:`NVLINK_OFF`), each with NCCL's INFO log in its rank logs so that the
+  parent can check which transports each side really used (``checks/nvlink_transport.py``);
+  on a cpu profile DeepSpeed's shared-memory all_reduce against gloo's, in one job (the CPU
+  analogue, so the gate runs in CI);
 - the isolation sweeps: NVLink alone inside a node, the network alone across nodes.
 
 Pure: no pytest, no torch.
@@ -17,12 +19,14 @@ from collections.abc import Iterable, Mapping
 from pytest_gpucluster.checks.comparison import size_text
 from pytest_gpucluster.harness import Part
 from pytest_gpucluster.maths.sweep import sweep_sizes
+from pytest_gpucluster.profiles.nccl_env import allowed_algorithms
 from pytest_gpucluster.profiles.schema import ProfileModel
 
 __all__ = [
+    "NCCL_LOG",
     "NETWORK_ONLY",
+    "NVLINK_OFF",
     "NVLINK_ONLY",
-    "P2P_OFF",
     "inventory_part",
     "isolated_part",
     "shm_vs_gloo_part",
@@ -39,9 +43,32 @@ SHM_VS_GLOO = "pytest_gpucluster.workloads.shm_allreduce:compare"
 GPU_TIMEOUT_S = 300.0
 SHM_TIMEOUT_S = 300.0  # a cold DeepSpeed shm op build alone takes ~30 s on 2 cores
 TRAFFIC_OPTIONS = {"size_bytes": 256 << 20, "iters": 10}
-P2P_OFF = {"NCCL_P2P_DISABLE": "1"}
+NCCL_LOG = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV", "NCCL_DEBUG_FILE": ""}
+"""NCCL's INFO log on stdout, which the worker keeps in ``rank-<i>.log``: INIT prints every
+channel's transport (``via P2P/CUMEM``, ``via SHM/direct/direct``) and the NVLS set-up, ENV each
+setting NCCL read (``NCCL_P2P_DISABLE set by environment to 1``). An empty ``NCCL_DEBUG_FILE``
+overrides a user's file pattern: NCCL then writes to stdout (``src/debug.cc``)."""
+NVLINK_OFF = {
+    "NCCL_P2P_DISABLE": "1",
+    "NCCL_NVLS_ENABLE": "0",
+    "NCCL_MNNVL_ENABLE": "0",
+    "NCCL_SHM_DISABLE": "0",
+}
+"""The slow side of the speedup: no GPU-to-GPU traffic over NVLink, through host memory instead.
+
+- ``NCCL_P2P_DISABLE=1`` takes the P2P transport away (NVLink or PCIe); it wins over any
+  ``NCCL_P2P_LEVEL`` (``ncclGetLevel`` reads the disable variable first);
+- ``NCCL_NVLS_ENABLE=0``: NVLink SHARP does not use the P2P transport, so P2P_DISABLE alone
+  leaves it on and the "slow" all_reduce still runs over NVLink (a ratio near 1, a false FAIL);
+- ``NCCL_MNNVL_ENABLE=0``: no multi-node NVLink (GB200 NVL72 trays) either;
+- ``NCCL_SHM_DISABLE=0``: a profile or user setting of 1 would push the slow side onto the
+  network (NET), which measures the NICs, not the absence of NVLink.
+
+``NCCL_CUMEM_ENABLE`` is left alone: it changes how NCCL allocates buffers, not which path
+data takes (SHM buffers stay in host memory either way)."""
 NVLINK_ONLY = {"NCCL_SHM_DISABLE": "1", "NCCL_P2P_LEVEL": "NVL"}
-NETWORK_ONLY = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}
+NETWORK_ONLY = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NVLS_ENABLE": "0"}
+"""Every byte over the network: NVLSTree would still reduce inside each node over NVLink."""
 
 
 def nodes_for(profile: ProfileModel, available_nodes: int) -> int:
@@ -69,15 +96,26 @@ def speedup_sizes(profile: ProfileModel) -> list[int]:
     return sorted({int(s) for s in profile.nvlink.speedup_sizes})
 
 
+def slow_side_env(profile: ProfileModel) -> dict[str, str]:
+    """:data:`NVLINK_OFF`, plus ``NCCL_ALGO=Ring`` where the profile's own ``NCCL_ALGO`` leaves
+    all_reduce no algorithm once NVLS is off (``NCCL_ALGO=NVLS``: NCCL would fail to run)."""
+    env = dict(NVLINK_OFF)
+    if not allowed_algorithms({**profile.nccl_env, **env}, "all_reduce", nodes=1):
+        env["NCCL_ALGO"] = "Ring"
+    return env
+
+
 def speedup_parts(profile: ProfileModel) -> tuple[Part, Part]:
-    """(fast, slow) on a GPU node: the all_reduce sweep as configured, and with NCCL P2P off."""
+    """(fast, slow) on a GPU node: the all_reduce sweep as configured, and with NVLink off
+    (:func:`slow_side_env`); both log NCCL's transports (:data:`NCCL_LOG`)."""
     span, _ = sweep_span(speedup_sizes(profile))
     options = {"collective": "all_reduce", **span, "in_place": False, "repeat": profile.collectives.repeat}
     options |= {"warmup": 5, "iters": 20}
-    fast = Part("nvlink-speedup-nccl-p2p", SWEEP, options, nodes=1, timeout_s=GPU_TIMEOUT_S)
+    fast = Part("nvlink-speedup-nccl-p2p", SWEEP, options, nodes=1, env=NCCL_LOG, timeout_s=GPU_TIMEOUT_S)
     slow = Part(
-        "nvlink-speedup-nccl-p2p-disabled", SWEEP, options, nodes=1, env=P2P_OFF, timeout_s=GPU_TIMEOUT_S
-    )
+        "nvlink-speedup-nvlink-off", SWEEP, options, nodes=1, env={**NCCL_LOG, **slow_side_env(profile)},
+        timeout_s=GPU_TIMEOUT_S,
+    )  # fmt: skip
     return fast, slow
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "find_case",
     "parse_log_argument",
     "scaling_counts",
+    "scaling_nodes",
     "scaling_part",
     "sft_part",
     "workload_options",
@@ -77,10 +78,17 @@ def case_ranks_per_node(case: SftCase, session_ranks_per_node: int) -> int:
 
 
 def sft_part(
-    case: SftCase, profile: ProfileModel, *, nodes: int, nproc_per_node: int, timeout_s: float
+    case: SftCase,
+    profile: ProfileModel,
+    *,
+    nodes: int,
+    nproc_per_node: int,
+    timeout_s: float,
+    deadline: str = "",
 ) -> Part:
-    """Train ``case`` on ``nodes`` x ``nproc_per_node`` ranks. The same case at the same size is
-    the same part: test_scaling reuses test_sft's run (one launch fewer, the same numbers in both)."""
+    """Train ``case`` on ``nodes`` x ``nproc_per_node`` ranks under ``timeout_s`` (``deadline``: how it
+    was chosen, `plans.deadlines`). The same case at the same size is the same part: test_scaling
+    reuses test_sft's run (one launch fewer, the same numbers in both)."""
     return Part(
         name=f"sft-{case.name}-{nodes}x{nproc_per_node}",
         workload=SFT_WORKLOAD,
@@ -88,6 +96,7 @@ def sft_part(
         nodes=nodes,
         nproc_per_node=nproc_per_node,
         timeout_s=timeout_s,
+        deadline=deadline,
         measures_memory=True,
     )
 
@@ -102,7 +111,15 @@ def scaling_counts(scaling: ScalingSection) -> tuple[int, ...]:
     return tuple(sorted({n for s in scaling.steps for n in (s.from_nodes, s.to_nodes)}))
 
 
-def scaling_part(profile: ProfileModel, count: int, ranks_per_node: int, timeout_s: float) -> Part:
+def scaling_nodes(profile: ProfileModel, count: int) -> int:
+    """How many nodes the scaling case runs on at ``count`` (``count`` itself, or 1 for unit ranks)."""
+    scaling = profile.scaling
+    return 1 if scaling is not None and scaling.unit == "ranks" else count
+
+
+def scaling_part(
+    profile: ProfileModel, count: int, ranks_per_node: int, timeout_s: float, deadline: str = ""
+) -> Part:
     """The scaling case trained at ``count``: that many nodes of the case's ranks per node (unit
     nodes), or that many ranks on one node (unit ranks)."""
     scaling = profile.scaling
@@ -113,7 +130,7 @@ def scaling_part(profile: ProfileModel, count: int, ranks_per_node: int, timeout
         nodes, nproc = 1, count
     else:
         nodes, nproc = count, case_ranks_per_node(case, ranks_per_node)
-    return sft_part(case, profile, nodes=nodes, nproc_per_node=nproc, timeout_s=timeout_s)
+    return sft_part(case, profile, nodes=nodes, nproc_per_node=nproc, timeout_s=timeout_s, deadline=deadline)
 
 
 # --------------------------------------------------------------------------------------------

@@ -199,7 +199,8 @@ class NvlinkSection(Section):
     min_speedup: float | None = Field(
         None,
         gt=0,
-        description="Busbw with the fast path over busbw without it (NCCL_P2P_DISABLE=1; on CPU: shm over gloo).",
+        description="Busbw with the fast path over busbw without it (NCCL_P2P_DISABLE=1 NCCL_NVLS_ENABLE=0; "
+        "on CPU: shm over gloo).",
     )
     speedup_sizes: tuple[Size, ...] = (16 * 2**20,)
     min_busbw: Bandwidth | None = None
@@ -357,6 +358,29 @@ class RegressionSection(Section):
     tolerances: tuple[RegressionTolerance, ...] = ()
 
 
+class LaunchSection(Section):
+    """How jobs are started on this cluster, where the site's defaults are not enough."""
+
+    forward_env: tuple[str, ...] = Field(
+        (),
+        description="Variable names or shell patterns (MY_SITE_*) forwarded to every rank, besides the "
+        "default list (PATH, LD_LIBRARY_PATH, PYTHONPATH, VIRTUAL_ENV, CUDA_*, NCCL_*, FI_*, OFI_*, UCX_*, "
+        "TORCH_*, HF_*, OMP_NUM_THREADS) and --forward-env.",
+    )
+    slurm_gpu_request: Literal["gpus-per-node", "gres", "gpus-per-task"] = Field(
+        "gpus-per-node",
+        description="How srun asks for a CUDA job's GPUs: --gpus-per-node=N, --gres=gpu:N, or "
+        "--gpus-per-task (one GPU per task in --slurm-mode tasks). A GPU request in --launcher-args wins.",
+    )
+
+    @field_validator("forward_env")
+    @classmethod
+    def _patterns(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        from pytest_gpucluster.launch.forward_env import check_pattern
+
+        return tuple(check_pattern(p, "launch.forward_env") for p in patterns)
+
+
 class ProfileModel(Section):
     """A whole profile, after ``extends:`` has been merged."""
 
@@ -377,6 +401,7 @@ class ProfileModel(Section):
     scaling: ScalingSection | None = None
     burnin: BurninSection = Field(default_factory=BurninSection)
     regression: RegressionSection = Field(default_factory=RegressionSection)
+    launch: LaunchSection = Field(default_factory=LaunchSection)
     versions: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")

@@ -1,25 +1,39 @@
 """What a node says about its GPUs and its software, for the burn-in's rank side (``health.py``):
-NVML readings of this rank's GPU (ECC, retired pages, remapped rows, throttle reasons, temperature,
-power, PCIe link), the node's XID events from the kernel log, and its version fingerprint.
+NVML readings of this rank's GPU (ECC mode and counts, retired pages, remapped rows, throttle
+reasons, temperature, power, PCIe link), the reader the load sampler calls during the health job's
+load and NVML's cumulative violation and energy counters around it, the node's XID events
+(``_xid.py``), and its version fingerprint.
 
-Each reading that cannot be taken here (no NVML, ECC off, no kernel log access) is left out with
-its reason, so the parent skips exactly that check. Rank-side: standard library, torch and
-(lazily) pynvml only.
+Each reading that cannot be taken here (no NVML, a counter the part lacks) is left out with its
+reason, so the parent knows exactly what is missing. The node's XID events are never silently
+absent: ``xid_events`` says where they were read, or why nothing could be. Rank-side: standard
+library, torch and (lazily) pynvml only.
 """
 
 from __future__ import annotations
 
 import os
 import platform
-import re
-import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from pytest_gpucluster.workloads._runtime import RankContext
+from pytest_gpucluster.workloads._xid import kernel_xids, parse_xid_lines
 
-__all__ = ["THROTTLE_REASONS", "nvml_readings", "parse_xid_lines", "throttle_names", "versions", "xid_events"]
+__all__ = [
+    "PERF_POLICIES",
+    "THROTTLE_REASONS",
+    "FieldReader",
+    "nvml_cumulative",
+    "nvml_readings",
+    "nvml_sample_reader",
+    "open_nvml",
+    "parse_xid_lines",
+    "throttle_names",
+    "versions",
+    "xid_events",
+]
 
 THROTTLE_REASONS: dict[int, str] = {
     0x1: "gpu_idle",
@@ -34,26 +48,21 @@ THROTTLE_REASONS: dict[int, str] = {
 }
 """NVML's ``nvmlClocksThrottleReason*`` (``nvmlClocksEventReason*``) bits, from nvml.h."""
 
-_XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f:.]+)\): (?P<xid>\d+)")
-"""``NVRM: Xid (PCI:0000:3b:00): 79, ...``; old drivers wrote ``(0000:01:00)`` without ``PCI:``."""
+PERF_POLICIES: dict[int, str] = {
+    0: "power",
+    1: "thermal",
+    2: "sync_boost",
+    3: "board_limit",
+    4: "low_utilization",
+    5: "reliability",
+}
+"""``nvmlPerfPolicyType_t`` (nvml.h), read with ``nvmlDeviceGetViolationStatus``: the cumulative
+nanoseconds a clock was held below its target for that reason. Stable enum values, unlike the
+``NVML_FI_DEV_CLOCKS_EVENT_REASON_*`` field ids, which NVML headers have renumbered."""
 
 
 def throttle_names(mask: int) -> list[str]:
     return [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
-
-
-def parse_xid_lines(text: str) -> list[dict[str, Any]]:
-    """``NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.`` lines of a kernel
-    log, each as ``{"pci": "0000:3b:00", "xid": 79, "line": ...}`` (the line kept for
-    telling a new event from one already seen: dmesg lines carry their timestamp)."""
-    events = []
-    for line in text.splitlines():
-        match = _XID.search(line)
-        if match:
-            events.append(
-                {"pci": match["pci"].lower(), "xid": int(match["xid"]), "line": line.strip()[-300:]}
-            )
-    return events
 
 
 def _nvml_handle(pynvml: Any, torch: Any, ctx: RankContext) -> tuple[Any, str]:
@@ -111,6 +120,12 @@ def _nvml_counters(pynvml: Any, handle: Any, skipped: dict[str, str]) -> dict[st
         }
 
     _read(out, skipped, "remapped_rows", remapped)
+
+    def ecc_mode() -> dict[str, bool]:
+        current, pending = pynvml.nvmlDeviceGetEccMode(handle)  # NVML_FEATURE_ENABLED is 1
+        return {"current": int(current) == 1, "pending": int(pending) == 1}
+
+    _read(out, skipped, "ecc_mode", ecc_mode)
     return out
 
 
@@ -141,15 +156,83 @@ def nvml_readings(torch: Any, ctx: RankContext, full: bool) -> tuple[dict[str, A
     return out, skipped
 
 
-def xid_events(ctx: RankContext) -> tuple[list[dict[str, Any]] | None, str | None]:
-    """The node's XID events from the kernel log (needs permission to read it)."""
+def open_nvml(torch: Any, ctx: RankContext) -> tuple[Any, Any] | str:
+    """``(pynvml, handle)`` of this rank's GPU, or why NVML cannot be used here."""
     try:
-        done = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=20, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, f"cannot run dmesg on {ctx.host} to read XID events: {exc}"
-    if done.returncode != 0:
-        return None, f"dmesg failed on {ctx.host} (exit {done.returncode}): {done.stderr.strip()[:200]}"
-    return parse_xid_lines(done.stdout), None
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle, _ = _nvml_handle(pynvml, torch, ctx)
+    except Exception as exc:
+        return f"NVML is not usable on {ctx.host}: {type(exc).__name__}: {exc}"
+    return pynvml, handle
+
+
+class FieldReader:
+    """Reads named fields on every call; a field that fails once is dropped and its reason kept,
+    so one unsupported counter (NotSupported on a part) costs only itself."""
+
+    def __init__(self, fields: Mapping[str, Callable[[], Any]]) -> None:
+        self._fields = dict(fields)
+        self.errors: dict[str, str] = {}
+
+    def __call__(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, read in list(self._fields.items()):
+            try:
+                out[name] = read()
+            except Exception as exc:
+                self.errors[name] = f"NVML cannot read {name} here: {type(exc).__name__}: {exc}"
+                del self._fields[name]
+        return out
+
+
+def nvml_sample_reader(pynvml: Any, handle: Any) -> FieldReader:
+    """One sample of what changes under load: temperature, power, SM and memory clocks, the PCIe
+    link's generation and width, and the clock (throttle) reasons active right now."""
+    reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+    reasons = reasons or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    return FieldReader(
+        {
+            "temperature_c": lambda: float(
+                pynvml.nvmlDeviceGetTemperature(handle, 0)
+            ),  # NVML_TEMPERATURE_GPU
+            "power_w": lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
+            "sm_clock_mhz": lambda: float(pynvml.nvmlDeviceGetClockInfo(handle, 1)),  # NVML_CLOCK_SM
+            "mem_clock_mhz": lambda: float(pynvml.nvmlDeviceGetClockInfo(handle, 2)),  # NVML_CLOCK_MEM
+            "pcie_gen": lambda: int(pynvml.nvmlDeviceGetCurrPcieLinkGeneration(handle)),
+            "pcie_width": lambda: int(pynvml.nvmlDeviceGetCurrPcieLinkWidth(handle)),
+            "throttle_reasons": lambda: throttle_names(int(reasons(handle))),
+        }
+    )
+
+
+def nvml_cumulative(pynvml: Any, handle: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """NVML's cumulative counters: violation time per perf policy (ns) and total energy (mJ);
+    what cannot be read is left out with its reason."""
+    out: dict[str, Any] = {}
+    skipped: dict[str, str] = {}
+    violations: dict[str, int] = {}
+    for policy, name in PERF_POLICIES.items():
+        try:
+            violations[name] = int(pynvml.nvmlDeviceGetViolationStatus(handle, policy).violationTime)
+        except Exception as exc:
+            skipped[f"violation_{name}"] = (
+                f"NVML cannot read {name} violation time: {type(exc).__name__}: {exc}"
+            )
+    if violations:
+        out["violation_ns"] = violations
+    _read(out, skipped, "energy_mj", lambda: int(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)))
+    return out, skipped
+
+
+def xid_events(ctx: RankContext) -> tuple[list[dict[str, Any]] | None, str | None, str | None]:
+    """The node's XID events from the first kernel log this rank can read: ``(events, source,
+    None)``, or ``(None, None, why)`` saying for each log why it could not be read (``_xid.py``)."""
+    found = kernel_xids()
+    if found["events"] is None:
+        return None, None, f"XID events not readable on {ctx.host}: {found['why']}"
+    return found["events"], found["source"], None
 
 
 # ------------------------------------------------------------------------------ versions

@@ -18,6 +18,8 @@ The contract with the parent (the launcher side), all inside the job directory:
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import socket
@@ -41,6 +43,13 @@ def rank_result_path(job_dir: Path, rank: int) -> Path:
 
 def rank_log_path(job_dir: Path, rank: int) -> Path:
     return job_dir / f"rank-{rank}.log"
+
+
+def flush_c_stdio() -> None:
+    """Flush C stdio buffers: NCCL prints its log with ``fprintf(stdout)``, block-buffered into
+    the rank log, and the worker leaves with ``os._exit``, which flushes nothing."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).fflush(None)
 
 
 class WorkloadSkip(Exception):
@@ -147,7 +156,8 @@ class RankContext:
     node_rank: int
     host: str
     device: str
-    """``"cpu"`` or ``"cuda:<local_rank>"``."""
+    """``"cpu"`` or ``"cuda:<i>"``, ``i = local_rank % visible devices`` (one per rank where the site
+    binds one GPU per task); ``rank-<r>.json`` records the GPU's UUID under ``"gpu"``."""
     backend: str
     """The process group's backend: ``"gloo"`` or ``"nccl"``."""
     job_dir: Path

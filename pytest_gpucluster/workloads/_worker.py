@@ -7,6 +7,11 @@ thread dropping the last reference to a tensor while Python finalizes;
 pytorch/pytorch#190489). Tearing the group down and ending with ``os._exit`` after
 flushing avoids it.
 
+On a CUDA job (backend nccl) the rank takes CUDA device ``local_rank % visible devices`` and records
+which physical GPU that is (its UUID, under ``"gpu"`` in ``rank-<i>.json``); a rank that sees no
+GPU fails, naming its host, ``CUDA_VISIBLE_DEVICES`` and the device count — a wrong GPU request
+must not pass as a skip.
+
 The rank dies with its parent (``PR_SET_PDEATHSIG``, `workloads._parent_death`) and, at the
 job's hard deadline, ends itself with a stack dump in its log (`_end_at_hard_deadline`): no
 rank outlives the agent that started it, or the job's time.
@@ -64,18 +69,42 @@ def _redirect_output(log_path: Path) -> Any:
     return log
 
 
-def _pick_device(identity: RankIdentity, backend: str) -> str:
+class NoGpuOnRank(RuntimeError):
+    """A rank of a CUDA job found no GPU: a failure (the GPU request or the node is wrong), never a skip."""
+
+
+def _gpu_uuid(torch: Any, index: int) -> str | None:
+    """The physical GPU behind CUDA device ``index`` (``GPU-<uuid>``), as nvidia-smi -L names it."""
+    try:
+        uuid = torch.cuda.get_device_properties(index).uuid
+    except (AttributeError, RuntimeError):  # torch builds without the field
+        return None
+    text = str(uuid)
+    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+
+
+def _pick_device(identity: RankIdentity, backend: str, gpu: dict[str, Any]) -> str:
+    """``cpu`` for gloo; for nccl, CUDA device ``local_rank % visible`` (sites that bind one GPU per
+    task show each rank a single device, which is then device 0). ``gpu`` gets what was chosen:
+    the index, how many devices were visible, CUDA_VISIBLE_DEVICES and the physical GPU's UUID."""
     if backend != "nccl":
         return "cpu"
     import torch
 
-    if not torch.cuda.is_available():
-        raise WorkloadSkip(
-            f"the nccl backend needs a CUDA device, and {identity.host} has none "
-            f"(torch {torch.__version__}, torch.cuda.is_available() is False)"
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible == 0:
+        raise NoGpuOnRank(
+            f"rank {identity.rank} (local rank {identity.local_rank}) on {identity.host} found no CUDA "
+            f"device under a CUDA profile: CUDA_VISIBLE_DEVICES={env if env is not None else '(unset)'}, "
+            f"torch.cuda.device_count()={torch.cuda.device_count()}, torch {torch.__version__} (CUDA "
+            f"{torch.version.cuda or 'none: a CPU-only build'}). Check the job's GPU request (srun "
+            "--gpus-per-node/--gres), the driver on the node (nvidia-smi) and the torch build."
         )
-    torch.cuda.set_device(identity.local_rank)
-    return f"cuda:{identity.local_rank}"
+    index = identity.local_rank % visible
+    torch.cuda.set_device(index)
+    gpu.update(index=index, visible=visible, cuda_visible_devices=env, uuid=_gpu_uuid(torch, index))
+    return f"cuda:{index}"
 
 
 def _init_process_group(backend: str, timeout_s: float, device: str) -> None:
@@ -156,11 +185,15 @@ def run(job_dir: Path) -> int:
     write_json_atomic(result_path, record)
     backend = job.get("backend", "gloo")
     exit_code = 0
+    gpu: dict[str, Any] = {}
     try:
         # A CPU quota on the ranks (testbed/cpu_quota.py), before torch starts its threads.
         if cgroup := join_rank_cgroup():
             record["cgroup"] = cgroup
-        device = _pick_device(identity, backend)
+        device = _pick_device(identity, backend, gpu) if job.get("pick_device", True) else "cpu"
+        if gpu:
+            record["gpu"] = gpu
+            write_json_atomic(result_path, record)
         ctx = RankContext(
             rank=identity.rank,
             world_size=identity.world_size,

@@ -49,7 +49,7 @@ from pytest_gpucluster.maths.sweep import (
     reports_in_place_errors,
     sweep_sizes,
 )
-from pytest_gpucluster.workloads._runtime import RankContext, WorkloadSkip
+from pytest_gpucluster.workloads._runtime import RankContext, WorkloadSkip, flush_c_stdio
 from pytest_gpucluster.workloads._sweep_data import SweepData
 from pytest_gpucluster.workloads._sweep_table import Table
 
@@ -336,6 +336,8 @@ def sweep(ctx: RankContext) -> dict[str, Any]:
         points.append(point)
         table.row(lay, [point[p] for p in ("out_of_place", "in_place") if p in point], bench.n)
     table.footer()
+    if ctx.is_cuda:
+        flush_c_stdio()  # NCCL's INFO lines (plans/nvlink.NCCL_LOG) must reach the rank log
     return {
         "collective": opts.collective,
         "dtype": opts.dtype,

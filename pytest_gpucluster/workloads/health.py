@@ -4,13 +4,18 @@ Workloads (``pytest_gpucluster.workloads.health:<name>``):
 
 - ``health``   per rank: float32 matmul FLOP/s and memory bandwidth on the CPU; on a GPU also
   dense bf16 matmul FLOP/s, device memory bandwidth and pinned host-to-device copy bandwidth,
-  NVML readings (ECC counts, retired pages, remapped rows, throttle reasons, temperature, power,
-  PCIe generation and width) and the node's XID events; an all_reduce among the ranks of each
-  node at once (the intra-node phase of the pairwise localization); and the version fingerprint.
-  A part that cannot run here is left out and its reason put under ``skipped`` (no NVML, no
-  GPU, ECC off...): the parent skips exactly those checks, with the reason.
+  then more bf16 matmul until the load has lasted ``load_s`` (default 5 s). Throughout that load
+  a thread samples NVML (``under_load``: temperature, power, clocks, PCIe generation and width,
+  clock reasons, every ``sample_interval_s``), NVML's cumulative violation and energy counters
+  are read around it, and NVML's XID events are listened to. Then the NVML readings after the
+  load (ECC mode and counts, retired pages, remapped rows; ``nvidia-smi -q -d ECC`` text where
+  NVML gives no ECC mode), the node's XID events from its kernel log, an all_reduce among the
+  ranks of each node at once (the intra-node phase of the pairwise localization), and the
+  version fingerprint. A part that cannot run here is left out and its reason put under
+  ``skipped`` (no NVML, no GPU...): the parent says exactly what is missing.
 - ``counters`` only the ECC / retired-page / remapped-row counters and XID events, cheap enough
-  to read before and after the whole acceptance run.
+  to read before and after the whole acceptance run. XID events that no log lets this rank read
+  are reported as such (``skipped["xid"]``), which the parent records as a check that fails.
 - ``pair_allreduce`` the timed all_reduce of one node-pair test.
 - ``pair_groups`` where nodes cannot be made: each rank stands for a node, and each pair of
   ranks in ``pairs`` runs the pair test in its own subgroup, all pairs at once.
@@ -34,11 +39,12 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
+from pytest_gpucluster.workloads._gpu_health import ecc_smi_text, gpu_under_load
 from pytest_gpucluster.workloads._node_facts import nvml_readings, versions, xid_events
 from pytest_gpucluster.workloads._runtime import RankContext
+from pytest_gpucluster.workloads._timing import timed_median, timed_spans
 
 __all__ = ["counters", "health", "pair_allreduce", "pair_groups"]
 
@@ -53,29 +59,6 @@ def _delay(ctx: RankContext) -> float:
     return delay
 
 
-def _spans(
-    run: Callable[[], None], iters: int, repeat: int, sync: Callable[[], None], delay: float
-) -> list[float]:
-    """Seconds per call in each of ``repeat`` spans of ``iters`` calls (after one untimed call)."""
-    run()
-    sync()
-    spans = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in range(iters):
-            if delay:
-                time.sleep(delay)
-            run()
-        sync()
-        spans.append((time.perf_counter() - start) / iters)
-    return spans
-
-
-def _timed(run: Callable[[], None], iters: int, repeat: int, sync: Callable[[], None], delay: float) -> float:
-    """Median seconds per call over the spans."""
-    return statistics.median(_spans(run, iters, repeat, sync, delay))
-
-
 # ----------------------------------------------------------------------------------- CPU part
 
 
@@ -87,12 +70,12 @@ def _cpu(torch: Any, ctx: RankContext, delay: float) -> dict[str, Any]:
     a = torch.rand(n, n, dtype=torch.float32)
     b = torch.rand(n, n, dtype=torch.float32)
     out = torch.empty(n, n, dtype=torch.float32)
-    spans = _spans(lambda: torch.mm(a, b, out=out), iters, repeat, lambda: None, delay)
+    spans = timed_spans(lambda: torch.mm(a, b, out=out), iters, repeat, lambda: None, delay)
     matmul_s = statistics.median(spans)
     nbytes = int(opts.get("cpu_copy_bytes", 32 << 20))
     src = torch.ones(nbytes // 4, dtype=torch.float32)
     dst = torch.empty_like(src)
-    copy_s = _timed(lambda: dst.copy_(src), iters, 3, lambda: None, delay)
+    copy_s = timed_median(lambda: dst.copy_(src), iters, 3, lambda: None, delay)
     return {
         "threads": torch.get_num_threads(),
         "matmul_n": n,
@@ -101,53 +84,6 @@ def _cpu(torch: Any, ctx: RankContext, delay: float) -> dict[str, Any]:
         "matmul_flops": 2 * n**3 / matmul_s,
         "copy_bytes": src.numel() * 4,
         "memory_bandwidth": 2 * src.numel() * 4 / copy_s,
-    }
-
-
-# ----------------------------------------------------------------------------------- GPU part
-
-
-def _gpu_matmul(torch: Any, dev: Any, n: int, iters: int, repeat: int, delay: float) -> list[float]:
-    a = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
-    b = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
-    out = torch.empty(n, n, dtype=torch.bfloat16, device=dev)
-    return _spans(lambda: torch.mm(a, b, out=out), iters, repeat, torch.cuda.synchronize, delay)
-
-
-def _gpu_copy(torch: Any, dev: Any, nbytes: int, iters: int, repeat: int, delay: float) -> float:
-    src = torch.empty(nbytes, dtype=torch.uint8, device=dev).fill_(1)
-    dst = torch.empty_like(src)
-    return _timed(lambda: dst.copy_(src), iters, repeat, torch.cuda.synchronize, delay)
-
-
-def _h2d_copy(torch: Any, dev: Any, nbytes: int, iters: int, repeat: int, delay: float) -> float:
-    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).fill_(1)
-    target = torch.empty(nbytes, dtype=torch.uint8, device=dev)
-    return _timed(lambda: target.copy_(host, non_blocking=True), iters, repeat, torch.cuda.synchronize, delay)
-
-
-def _gpu(torch: Any, ctx: RankContext, delay: float) -> dict[str, Any]:
-    opts = ctx.options
-    dev = torch.device(ctx.device)
-    n = int(opts.get("gpu_matmul_n", 8192))
-    iters, repeat = int(opts.get("gpu_iters", 20)), int(opts.get("gpu_repeat", 5))
-    nbytes = int(opts.get("gpu_copy_bytes", 1 << 30))
-    h2d_bytes = int(opts.get("h2d_bytes", 256 << 20))
-    spans = _gpu_matmul(torch, dev, n, iters, repeat, delay)
-    matmul_s = statistics.median(spans)
-    copy_s = _gpu_copy(torch, dev, nbytes, iters, repeat, delay)
-    h2d_s = _h2d_copy(torch, dev, h2d_bytes, max(iters // 2, 1), repeat, delay)
-    torch.cuda.empty_cache()
-    return {
-        "name": torch.cuda.get_device_properties(dev).name,
-        "matmul_n": n,
-        "matmul_s": matmul_s,
-        "matmul_best_s": min(spans),
-        "matmul_flops": 2 * n**3 / matmul_s,
-        "copy_bytes": nbytes,
-        "memory_bandwidth": 2 * nbytes / copy_s,
-        "h2d_bytes": h2d_bytes,
-        "h2d_bandwidth": h2d_bytes / h2d_s,
     }
 
 
@@ -184,7 +120,7 @@ def _intra_node(torch: Any, ctx: RankContext, delay: float) -> tuple[dict[str, A
     nbytes = int(ctx.options.get("intra_bytes", 4 << 20))
     tensor = torch.ones(nbytes // 4, dtype=torch.float32, device=ctx.device)
     sync = ctx.synchronize
-    per_call = _timed(lambda: dist.all_reduce(tensor, group=group), 5, 3, sync, delay)
+    per_call = timed_median(lambda: dist.all_reduce(tensor, group=group), 5, 3, sync, delay)
     slowest = torch.tensor([per_call], dtype=torch.float64, device=ctx.device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
     t = float(slowest.item())
@@ -207,16 +143,17 @@ def health(ctx: RankContext) -> dict[str, Any]:
         "cpu": _cpu(torch, ctx, delay),
     }
     if ctx.is_cuda:
-        result["gpu"] = _gpu(torch, ctx, delay)
+        result["gpu"], result["under_load"], load_skipped = gpu_under_load(torch, ctx, delay)
+        skipped.update(load_skipped)
         nvml, nvml_skipped = nvml_readings(torch, ctx, full=True)
         result["nvml"] = nvml
         skipped.update(nvml_skipped)
+        if "ecc_mode" not in nvml:
+            result["ecc_smi"], why = ecc_smi_text(nvml.get("pci_bus_id"))
+            if why:
+                skipped["ecc_smi"] = why
         if ctx.local_rank == 0:
-            xids, why = xid_events(ctx)
-            if xids is None:
-                skipped["xid"] = why or "unknown"
-            else:
-                result["xid_events"] = xids
+            _add_xids(ctx, result, skipped)
     else:
         why = f"{ctx.host} has no CUDA device (torch {torch.__version__}, device {ctx.device})"
         skipped.update(gpu=why, nvml=why, xid=why)
@@ -242,13 +179,18 @@ def counters(ctx: RankContext) -> dict[str, Any]:
     nvml, skipped = nvml_readings(torch, ctx, full=False)
     result["nvml"] = nvml
     if ctx.local_rank == 0:
-        xids, why = xid_events(ctx)
-        if xids is None:
-            skipped["xid"] = why or "unknown"
-        else:
-            result["xid_events"] = xids
+        _add_xids(ctx, result, skipped)
     result["skipped"] = skipped
     return result
+
+
+def _add_xids(ctx: RankContext, result: dict[str, Any], skipped: dict[str, str]) -> None:
+    """The node's XID events and where they were read, or why no log could be (node's first rank)."""
+    xids, source, why = xid_events(ctx)
+    if xids is None:
+        skipped["xid"] = why or f"XID events not readable on {ctx.host}"
+    else:
+        result["xid_events"], result["xid_source"] = xids, source
 
 
 def pair_allreduce(ctx: RankContext) -> dict[str, Any]:

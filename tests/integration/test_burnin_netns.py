@@ -27,7 +27,7 @@ from pytest_gpucluster.burnin.runner import ClusterPairRunner, LocalGroupRunner
 from pytest_gpucluster.cluster.spec import ClusterSpec
 from pytest_gpucluster.launch import get_launcher
 from pytest_gpucluster.launch.job import Cluster
-from pytest_gpucluster.launch.process import find_job_pids
+from pytest_gpucluster.launch.reaper import find_job_pids
 from pytest_gpucluster.testbed.netns import NetnsUnavailable, TestbedError, create_testbed, tbf_args
 
 pytestmark = pytest.mark.skipif(

@@ -5,10 +5,10 @@ Each launch costs a few seconds (two ranks importing torch), so there are only t
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
+from proc_table import job_pids
 
 from pytest_gpucluster.cluster.spec import ClusterSpec
 from pytest_gpucluster.errors import JobFailed
@@ -32,22 +32,6 @@ def local_cluster(tmp_path):
     return made
 
 
-def processes_with_job_id(job_id: str) -> list[int]:
-    """Read the process table directly (not through the code under test)."""
-    needle = f"GPUCLUSTER_JOB_ID={job_id}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as handle:
-                if needle in handle.read().split(b"\0"):
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
-
-
 def test_values_come_back_per_rank(local_cluster):
     result = local_cluster.run(basic.all_reduce_sum, timeout=90)
     values = result.values
@@ -56,7 +40,7 @@ def test_values_come_back_per_rank(local_cluster):
     assert all(r.log_path.is_file() for r in result.ranks)
     assert any("all_reduce_sum: 2 ranks, sum 3" in line for line in local_cluster.progress_lines)
     assert (result.job_dir / "agent-localhost.log").is_file()
-    assert processes_with_job_id(result.job_id) == []
+    assert job_pids(result.job_id) == []
 
 
 def test_a_raising_rank_fails_with_its_traceback_and_host(local_cluster):
@@ -87,5 +71,5 @@ def test_a_hanging_rank_is_killed_with_its_stack_and_nothing_survives(local_clus
     report = result.failure_report()
     assert "rank 1 on" in report and "never finished" in report
     assert "hang_on_rank" in report  # the faulthandler dump that SIGUSR1 wrote into its log
-    assert processes_with_job_id(result.job_id) == []
+    assert job_pids(result.job_id) == []
     assert result.survivors == ()

@@ -19,7 +19,7 @@ from pytest_gpucluster.cluster.spec import ClusterSpec
 from pytest_gpucluster.errors import JobFailed
 from pytest_gpucluster.launch import get_launcher
 from pytest_gpucluster.launch.job import Cluster
-from pytest_gpucluster.launch.process import find_job_pids
+from pytest_gpucluster.launch.reaper import find_job_pids
 from pytest_gpucluster.testbed.netns import NetnsUnavailable, create_testbed
 from pytest_gpucluster.workloads import basic
 

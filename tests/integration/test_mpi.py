@@ -6,6 +6,7 @@ import os
 import subprocess
 
 import pytest
+from proc_table import job_pids
 
 from pytest_gpucluster.cluster.spec import ClusterSpec
 from pytest_gpucluster.launch import get_launcher
@@ -17,20 +18,6 @@ LAUNCHER = get_launcher("mpirun")
 pytestmark = pytest.mark.skipif(LAUNCHER.available() is not None, reason=str(LAUNCHER.available()))
 
 
-def _pids_with_job_id(job_id: str) -> list[int]:
-    needle = f"GPUCLUSTER_JOB_ID={job_id}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as handle:
-                    if needle in handle.read().split(b"\0"):
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
-
-
 def test_two_ranks_from_ompi_comm_world_get_the_sum(tmp_path):
     cluster = Cluster(ClusterSpec.from_local(2, backend="gloo"), LAUNCHER, tmp_path)
     result = cluster.run(basic.all_reduce_sum, timeout=90)
@@ -40,7 +27,7 @@ def test_two_ranks_from_ompi_comm_world_get_the_sum(tmp_path):
     assert command.argv[0] == "mpirun" and "ppr:2:node" in command.argv
     assert (result.job_dir / "hostfile.openmpi").read_text() == "localhost slots=2\n"
     assert result.agent_exit_codes == (0,)
-    assert _pids_with_job_id(result.job_id) == []
+    assert job_pids(result.job_id) == []
 
 
 def test_the_nccl_tests_command_line_is_accepted_by_open_mpi():

@@ -6,7 +6,13 @@ starts slurmctld and slurmd in the foreground, waits until the node is idle, and
 finalizer cancels every job, stops both daemons and kills whatever still carries its
 ``SLURM_CONF`` (slurmstepd, ranks). It skips, saying why, when a binary is missing or a daemon
 does not come up. The node claims 8 CPUs (``config_overrides``) so that an allocation and a
-job of its own fit side by side on a 2-core machine.
+job of its own fit side by side on a 2-core machine, and 8 GPUs as generic resources
+(``Gres=gpu:8``): Slurm accounts for them and hands them to steps that ask, which is the GPU
+request path of a CUDA profile, end to end. Slurm 22.05 drops GPUs without device files from
+gres.conf (its slurmd logs "Removing file-less GPU gpu:(null) from final GRES list"), so the
+gres.conf names eight character devices made with ``mknod`` in the temp directory (the
+major/minor of /dev/null): Slurm only stats them here (``TaskPlugin=task/none``: no cgroup
+device binding), and sets ``CUDA_VISIBLE_DEVICES`` per step as it would on a GPU node.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -29,6 +37,7 @@ from pytest_gpucluster.launch.job import Cluster
 from pytest_gpucluster.launch.slurm import cancel_by_name, find_ids
 from pytest_gpucluster.workloads import basic
 
+REPO = Path(__file__).parents[2]
 SBIN = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/local/sbin"])
 TOOLS = ("slurmctld", "slurmd", "srun", "salloc", "sinfo", "squeue", "scancel")
 
@@ -79,6 +88,7 @@ AccountingStorageType=accounting_storage/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
+GresTypes=gpu
 ReturnToService=2
 MailProg=/bin/true
 KillWait=5
@@ -88,7 +98,7 @@ SlurmctldPidFile={dir}/slurmctld.pid
 SlurmdPidFile={dir}/slurmd.pid
 SlurmctldLogFile={dir}/slurmctld.log
 SlurmdLogFile={dir}/slurmd.log
-NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
+NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} Gres=gpu:8 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 
@@ -157,6 +167,11 @@ def slurm_cluster(tmp_path_factory):
         (directory / sub).mkdir()
     node = socket.gethostname().split(".")[0]
     conf = directory / "slurm.conf"
+    devices = directory / "dev"
+    devices.mkdir()
+    for index in range(8):  # stand-ins for /dev/nvidia0..7 (see the module docstring)
+        os.mknod(devices / f"nvidia{index}", 0o644 | stat.S_IFCHR, os.makedev(1, 3))
+    (directory / "gres.conf").write_text(f"NodeName={node} Name=gpu File={devices}/nvidia[0-7]\n")
     conf.write_text(
         CONF.format(
             suffix=os.getpid(),
@@ -333,3 +348,91 @@ def test_killing_pytest_cancels_the_step_and_leaves_no_process(slurm_cluster, sp
     assert _cancelled_through_slurm(slurm_cluster, slurm_id)
     expected = pytest.ExitCode.INTERRUPTED if sig == signal.SIGTERM else -signal.SIGKILL
     assert run.wait(30) == expected, run.output()
+
+
+ENV_SEEN = ["SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES", "FI_PROVIDER",
+            "LD_LIBRARY_PATH", "SLURM_CPUS_PER_TASK"]  # fmt: skip
+
+
+def _cuda_cluster(slurm_cluster, tmp_path, **launcher) -> Cluster:
+    """A CUDA profile's launcher (the GPU request, no --overcommit) on the test node. The ranks use
+    gloo and take no GPU: there is none here, only Slurm's count of them."""
+    spec = ClusterSpec(hosts=((slurm_cluster.node, 1),), nproc_per_node=1, backend="gloo", source="slurm")
+    return Cluster(spec, get_launcher("slurm", mode="tasks", device="cuda", **launcher), tmp_path)
+
+
+def test_a_cuda_profile_gets_its_gpus_from_slurm_and_the_controllers_environment(
+    slurm_cluster, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/x")
+    monkeypatch.setenv("FI_PROVIDER", "efa")
+    cluster = _cuda_cluster(slurm_cluster, tmp_path, gpus_per_node=8, cpus_per_node=2)
+    result = cluster.run(
+        "pytest_gpucluster.workloads.node_probe:probe", options={"env_patterns": ENV_SEEN}, timeout=90,
+        init_process_group=False, pick_device=False,
+    )  # fmt: skip
+    (command,) = result.commands
+    assert "--gpus-per-node=8" in command.argv and "--cpus-per-task=2" in command.argv
+    assert "--overcommit" not in command.argv
+    [seen] = [v["env"] for v in result.values]
+    # The job was accepted with its GPUs: the task sees Slurm's count of them.
+    assert seen["SLURM_GPUS_ON_NODE"] == "8", seen
+    assert seen["SLURM_CPUS_PER_TASK"] == "2", seen
+    # Set only on the controller, carried into the task (srun --export=ALL).
+    assert (seen["LD_LIBRARY_PATH"], seen["FI_PROVIDER"]) == ("/opt/x", "efa"), seen
+
+
+def test_more_gpus_than_the_node_has_is_refused_by_slurm_naming_why(slurm_cluster, tmp_path):
+    cluster = _cuda_cluster(slurm_cluster, tmp_path, gpus_per_node=9, gpu_request="gres")
+    result = cluster.run(basic.noop, timeout=60, init_process_group=False, check=False)
+    assert not result.ok and "--gres=gpu:9" in result.commands[0].argv
+    said = result.agent_logs[0].read_text()
+    assert "Requested node configuration is not available" in said, said
+    assert "never started" in result.failure_report()
+
+
+def test_one_gpu_per_task_gives_each_rank_its_own_device(slurm_cluster, tmp_path):
+    """Sites that bind one GPU per task: each rank sees one device (its CUDA_VISIBLE_DEVICES), and
+    the worker's ``local_rank % visible`` then picks device 0 of it."""
+    spec = ClusterSpec(hosts=((slurm_cluster.node, 2),), nproc_per_node=2, backend="gloo", source="slurm")
+    launcher = get_launcher(
+        "slurm", mode="tasks", device="cuda", gpus_per_node=2, gpu_request="gpus-per-task"
+    )
+    result = Cluster(spec, launcher, tmp_path).run(
+        "pytest_gpucluster.workloads.node_probe:probe", options={"env_patterns": ENV_SEEN}, timeout=90,
+        init_process_group=False, pick_device=False,
+    )  # fmt: skip
+    assert "--gpus-per-task=1" in result.commands[0].argv
+    visible = [v["env"].get("CUDA_VISIBLE_DEVICES") for v in result.values]
+    assert all(v is not None and len(v.split(",")) == 1 for v in visible), visible
+
+
+SBATCH_TEST = """
+def test_one_step(cluster):
+    result = cluster.run("pytest_gpucluster.workloads.basic:all_reduce_sum", timeout=90)
+    assert [v["sum"] for v in result.values] == [3.0, 3.0], result.failure_report()
+    assert result.commands[0].argv[0] == "srun", result.commands[0].argv
+"""
+
+
+def test_an_sbatch_script_is_the_controller_and_launches_steps_of_its_job(slurm_cluster, tmp_path):
+    """README's batch recipe: a script that runs plain ``pytest`` (no --launcher, no hostfile)
+    inside ``sbatch`` tests the job's nodes through srun steps of that job, and says so."""
+    (tmp_path / "test_in_batch.py").write_text(SBATCH_TEST)
+    out = tmp_path / "batch.out"
+    env = {
+        k: v
+        for k, v in slurm_cluster.env.items()
+        if not k.startswith(("GPUCLUSTER_", "PYTEST_", "_GPUCLUSTER"))
+    }
+    script = (
+        f"cd {tmp_path} && PYTHONPATH={REPO} {sys.executable} -m pytest test_in_batch.py --hw=cpu-local "
+        f"-p no:cacheprovider -p no:xdist --results-dir={tmp_path / 'r'}"
+    )
+    done = subprocess.run(
+        ["sbatch", "--wait", "--nodes=1", "--ntasks=2", "--job-name=gc-batch", f"--output={out}", "--wrap", script],
+        env=env, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    said = out.read_text() if out.exists() else done.stdout + done.stderr
+    assert done.returncode == 0, said
+    assert "launcher slurm (inside Slurm allocation" in said and "1 passed" in said, said

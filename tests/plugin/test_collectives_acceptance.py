@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from node_fakes import use_machine
 
 from pytest_gpucluster.profiles.detect import MachineInfo
 
@@ -138,9 +139,9 @@ print(format_table([Row(size, size // 4, "bfloat16", "sum", -1, cell, cell)], co
 def test_nccl_tests_binaries_are_gated_by_the_profile(run, tmp_path, monkeypatch):
     """A GPU-shaped profile, stand-in all_reduce_perf (100 GB/s) and broadcast_perf binaries: the
     all_reduce check passes, the broadcast one (200 GB/s wanted) fails naming nccl-tests."""
-    monkeypatch.setattr(
-        "pytest_gpucluster.session.detect_machine",
-        lambda: MachineInfo(
+    use_machine(
+        monkeypatch,
+        MachineInfo(
             hostname="testhost",
             cuda_available=False,  # keeps the fingerprint from importing torch to read CUDA versions
             gpu_names=("NVIDIA H100",) * 2,

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from node_fakes import use_machine
 
 from pytest_gpucluster.profiles.detect import MachineInfo
 
@@ -76,7 +77,7 @@ def cluster():
 def run(pytester, tmp_path, monkeypatch):
     monkeypatch.delenv("GPUCLUSTER_HW", raising=False)
     monkeypatch.delenv("_GPUCLUSTER_SESSION_RESULTS_DIR", raising=False)
-    monkeypatch.setattr("pytest_gpucluster.session.detect_machine", lambda: NO_GPU)
+    use_machine(monkeypatch, NO_GPU)
     pytester.makepyfile(test_nccl=ACCEPTANCE.read_text(encoding="utf-8"))
 
     def _run(*args: str):
@@ -142,7 +143,9 @@ def test_without_nccl_and_without_a_log_the_launched_variant_skips_naming_what_i
     result = run("--hw=aws-g6e-efa")
     result.assert_outcomes(skipped=7)
     result.stdout.fnmatch_lines(
-        ["SKIPPED [[]7] *needs nccl: no CUDA device on testhost (no nvidia-smi, no /dev/nvidia*)"]
+        [
+            "SKIPPED [[]7] *needs nccl: node testhost: lists no GPU (no CUDA device on testhost (no nvidia-smi, no /dev/nvidia*))"
+        ]
     )
 
 
@@ -179,7 +182,7 @@ def test_a_profile_without_an_nccl_section_skips_the_expectations(run):
 def test_launched_variant_reads_every_rank_log_and_warns_on_nccl_env_typos(
     run, pytester, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr("pytest_gpucluster.session.detect_machine", lambda: NCCL_NODE)
+    use_machine(monkeypatch, NCCL_NODE)
     monkeypatch.setenv("NCCL_IB_HCAS", "mlx5_0")
     pytester.makeconftest(FAKE_CLUSTER.format(rank_logs=[str(EFA), str(EFA)]))
     result = run("--hw=aws-g6e-efa", "-W", "always::pytest_gpucluster.errors.GpuClusterWarning")

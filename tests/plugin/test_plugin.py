@@ -36,7 +36,8 @@ def test_header_names_auto_profile_and_reason(run):
     result = run()
     result.stdout.fnmatch_lines(
         [
-            "gpucluster: profile cpu-local (auto: no CUDA device on *), 1 node x 2 ranks, backend gloo, launcher torchrun"
+            "gpucluster: profile cpu-local (auto: no GPU on the nodes (node *: no NVML *)), 1 node x 2 ranks, "
+            "backend gloo, launcher torchrun"
         ]
     )
     assert result.ret == 0
@@ -136,3 +137,39 @@ def test_plain_tests_leave_no_results(pytester, tmp_path):
     assert result.ret == 0
     assert not (tmp_path / "res").exists()
     assert "gpucluster summary" not in result.stdout.str()
+
+
+def test_inside_a_slurm_allocation_the_nodes_are_the_allocations(run, monkeypatch, capsys):
+    """``salloc -N 2`` then plain ``pytest``: the launcher defaults to slurm, so the session tests the
+    allocation's two nodes (not the login node it runs on) at the profile's ranks per node (a login
+    shell has no SLURM_GPUS_ON_NODE, no tasks per node), and the header says why; the dry run prints
+    the probe's and the job's srun commands. An explicit --launcher keeps its word, and a pytest
+    inside a step (a rank) is not the controller."""
+    for key in ("SLURM_STEP_ID", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_GPUS_ON_NODE"):
+        monkeypatch.delenv(key, raising=False)
+    for key in ("GPUCLUSTER_LAUNCHER", "GPUCLUSTER_RANK_SIDE", "GPUCLUSTER_NPROC_PER_NODE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[07-08]")
+    source = (
+        "def test_x(cluster):\n    cluster.run('pytest_gpucluster.workloads.basic:all_reduce_sum', nodes=2)\n"
+    )
+    result = run("--hw=cpu-local", "--gpucluster-dry-run", source=source)
+    result.stdout.fnmatch_lines(
+        [
+            "gpucluster: profile cpu-local (*), 2 nodes x 2 ranks, backend gloo, launcher slurm "
+            "(inside Slurm allocation 4242 (SLURM_JOB_NODELIST set, no --hostfile))",
+        ]
+    )
+    out = capsys.readouterr().out.splitlines()
+    probe = [line for line in out if "[dry run] probe: gpu07: " in line]
+    assert probe and " srun " in probe[0] and "--nodelist=gpu07,gpu08" in probe[0], probe
+    job = [line for line in out if "[dry run] gpu07: " in line]
+    assert job and " srun " in job[0] and "--nproc-per-node=2 " in job[0], out
+    explicit = run("--hw=cpu-local", "--launcher=torchrun", "--gpucluster-dry-run", source=source)
+    explicit.stdout.fnmatch_lines(
+        ["gpucluster: profile cpu-local (*), 1 node x 2 ranks, backend gloo, launcher torchrun"]
+    )
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
+    in_step = run("--hw=cpu-local", "--gpucluster-dry-run", source=source)
+    in_step.stdout.fnmatch_lines(["*launcher torchrun"])

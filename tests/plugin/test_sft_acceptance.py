@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from node_fakes import use_machine
 
 from pytest_gpucluster.checks.sft import launched_checks, log_checks
 from pytest_gpucluster.errors import ParseError, ProfileError
@@ -209,7 +210,7 @@ def test_log_checks_answer_what_a_log_can():
 def run(pytester, tmp_path, monkeypatch):
     monkeypatch.delenv("GPUCLUSTER_HW", raising=False)
     monkeypatch.delenv("_GPUCLUSTER_SESSION_RESULTS_DIR", raising=False)
-    monkeypatch.setattr("pytest_gpucluster.session.detect_machine", lambda: NO_GPU)
+    use_machine(monkeypatch, NO_GPU)
     monkeypatch.setenv("XDG_CACHE_HOME", CACHE_HOME)
     pytester.makepyfile(
         test_sft=(ACCEPTANCE / "test_sft.py").read_text(encoding="utf-8"),
@@ -326,7 +327,8 @@ def skips(tmp_path: Path) -> dict[str, str]:
 
 def test_without_cuda_the_gpu_cases_and_scaling_skip_naming_what_is_missing(run, tmp_path):
     run("--hw=h200-spectrumx").assert_outcomes(skipped=3)
-    nodes = "needs {} nodes, the cluster has 1 (local machine only; pass --hostfile); needs cuda: " + WHY
+    no_gpu = f"node testhost: lists no GPU ({WHY})"  # judged on the node's probe, which names it
+    nodes = "needs {} nodes, the cluster has 1 (local machine only; pass --hostfile); needs cuda: " + no_gpu
     assert skips(tmp_path) == {
         "test_sft.py::test_sft[llama2-7b-2node]": nodes.format(2),
         "test_scaling.py::test_scaling[llama2-7b-2node-2-to-4-nodes]": nodes.format(4),
@@ -334,7 +336,7 @@ def test_without_cuda_the_gpu_cases_and_scaling_skip_naming_what_is_missing(run,
     }
     run("--hw=a800-ib").assert_outcomes(skipped=2)
     assert skips(tmp_path) == {
-        "test_sft.py::test_sft[llama-7b-zero2-1gpu]": f"needs 1 GPUs per node, testhost has 0; needs cuda: {WHY}",
+        "test_sft.py::test_sft[llama-7b-zero2-1gpu]": f"needs 1 GPUs per node: node testhost has 0; needs cuda: {no_gpu}",
         "test_scaling.py::test_scaling[no-scaling]": (
             "profile a800-ib has no scaling: section, so there is no scaling to measure"
         ),

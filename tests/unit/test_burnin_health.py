@@ -22,6 +22,7 @@ from pytest_gpucluster.checks.burnin.health import (
 from pytest_gpucluster.profiles.schema import BurninSection
 from pytest_gpucluster.results.model import ThresholdRef
 from pytest_gpucluster.results.text import failure_message
+from pytest_gpucluster.workloads._load_sampler import summarize_samples
 from pytest_gpucluster.workloads._node_facts import parse_xid_lines, throttle_names
 
 DATA = Path(__file__).parents[1] / "data"
@@ -35,8 +36,12 @@ def _kernel_log(name: str) -> str:
     return (DATA / "kernel_logs" / name).read_text()
 
 
+_SAMPLED = ("temperature_c", "power_w", "pcie_gen", "pcie_width", "throttle_reasons")
+
+
 def _gpu_rank(rank: int, bus: str, **nvml: object) -> dict:
-    """A GPU rank's value in the shape workloads.health writes (no GPU recording exists here)."""
+    """A GPU rank's value in the shape workloads.health writes (no GPU recording exists here): the
+    NVML readings after the load, and the same values as three samples taken under it."""
     base = {
         "pci_bus_id": bus,
         "gpu": f"GPU {rank} ({bus})",
@@ -49,13 +54,17 @@ def _gpu_rank(rank: int, bus: str, **nvml: object) -> dict:
         "pcie_gen": 5,
         "pcie_width": 16,
         "throttle_reasons": ["gpu_idle"],
+        "ecc_mode": {"current": True, "pending": True},
     }
+    readings = {**base, **nvml}
+    sample = {k: readings[k] for k in _SAMPLED}
     return {
         "rank": rank,
         "local_rank": rank,
         "host": "gpu-node-1",
         "gpu": {"matmul_flops": 700e12, "memory_bandwidth": 2.9e12, "h2d_bandwidth": 50e9},
-        "nvml": {**base, **nvml},
+        "nvml": readings,
+        "under_load": summarize_samples([sample] * 3, 5.0, 0.1),
     }
 
 
@@ -100,11 +109,13 @@ def test_gpu_readings_gate_each_gpu_and_name_it():
         ("burnin.gpu_temperature", "GPU 1 (00000000:3b:00.0)"),
         ("burnin.pcie_width", "GPU 1 (00000000:3b:00.0)"),
     ]
-    assert failed[0].hint == "GPU 1 (00000000:3b:00.0) of gpu-node-1: temperature"
+    under = "max of 3 samples over the 5.0 s load; min 91, max 91"
+    assert failed[0].hint == f"GPU 1 (00000000:3b:00.0) of gpu-node-1: temperature ({under})"
     suspect = suspect_of(failed[0])
     assert (suspect.kind, suspect.node, suspect.gpu) == ("gpu", "gpu-node-1", "GPU 1 (00000000:3b:00.0)")
     assert suspect.reason == (
-        "GPU 1 (00000000:3b:00.0) of gpu-node-1: temperature 91 C, expected at most 85 C (burnin.max_temperature)"
+        f"GPU 1 (00000000:3b:00.0) of gpu-node-1: temperature ({under}) 91 C, expected at most 85 C "
+        "(burnin.max_temperature)"
     )
     # An unset threshold is recorded, not gated; the row-remap failure flag is always gated.
     by_metric = {r.metric: r for r in readings if r.labels["rank"] == 0}
@@ -116,9 +127,12 @@ def test_gpu_readings_gate_each_gpu_and_name_it():
 def test_forbidden_throttle_reasons_fail_with_their_names():
     throttled = _gpu_rank(0, "00000000:1b:00.0", throttle_reasons=["sw_power_cap", "hw_thermal_slowdown"])
     [reading] = [r for r in gpu_checks([throttled], BurninSection(), "p") if r.metric == "burnin.throttle"]
-    assert reading.failed and reading.value == 1.0 and reading.hint.endswith("(hw_thermal_slowdown)")
+    assert reading.failed and reading.value == 1.0
+    assert reading.hint.endswith(
+        "(hw_thermal_slowdown; during the load: hw_thermal_slowdown in 3 of 3 samples, sw_power_cap in 3 of 3 samples)"
+    )
     idle = [r for r in gpu_checks([_gpu_rank(0, "x")], BurninSection(), "p") if r.metric == "burnin.throttle"]
-    assert not idle[0].failed and idle[0].hint.endswith("(active: gpu_idle)")
+    assert not idle[0].failed and idle[0].hint.endswith("(during the load: gpu_idle in 3 of 3 samples)")
 
 
 def test_throttle_bits_are_named():

@@ -467,11 +467,16 @@ def test_confirmation_part_sweeps_only_the_suspect_sizes_unless_a_summary_is_sus
     case = cases(sec)[0]
     first = sweep_part(case, sec, 1, "gloo")
     point = Check("collectives.all_reduce.busbw", 1.0, "B/s", 1.0, labels={"size_bytes": 16 * MiB})
-    part, whole = confirmation_part(first, case, sec, [point], "gloo")
+    part, whole = confirmation_part(first, case, sec, [point])
     assert not whole and part.name == "collectives-all_reduce-intra-node-confirm"
     assert [(s["min_bytes"], s["max_bytes"]) for s in part.options["sweeps"]] == [(16 * MiB, 16 * MiB)]
-    assert (part.workload, part.nodes, part.env) == (first.workload, first.nodes, first.env)
+    assert (part.workload, part.nodes, part.env, part.timeout_s) == (
+        first.workload,
+        first.nodes,
+        first.env,
+        first.timeout_s,
+    )
     assert part.key != first.key
     peak = Check("collectives.all_reduce.busbw_peak", 1.0, "B/s", baseline_gate=True)
-    part, whole = confirmation_part(first, case, sec, [point, peak], "gloo")
+    part, whole = confirmation_part(first, case, sec, [point, peak])
     assert whole and part.options["sweeps"] == first.options["sweeps"]

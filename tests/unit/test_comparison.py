@@ -16,7 +16,7 @@ from pytest_gpucluster.checks.comparison import (
     sweep_busbw,
 )
 from pytest_gpucluster.maths.sweep import summarize_sweep
-from pytest_gpucluster.plans.nvlink import P2P_OFF, speedup_parts, sweep_span
+from pytest_gpucluster.plans.nvlink import NCCL_LOG, NVLINK_OFF, speedup_parts, sweep_span
 from pytest_gpucluster.profiles.loader import load_profile
 from pytest_gpucluster.workloads.shm_allreduce import summarize_compare
 
@@ -195,7 +195,7 @@ def test_the_gpu_speedup_is_one_sweep_under_two_environments():
     profile = load_profile("dgx-h100-ib").model
     fast, slow = speedup_parts(profile)
     assert fast.options == slow.options and fast.workload == slow.workload
-    assert (fast.env, slow.env) == ({}, P2P_OFF) and fast.key != slow.key
+    assert (fast.env, slow.env) == (NCCL_LOG, {**NCCL_LOG, **NVLINK_OFF}) and fast.key != slow.key
     sizes = sorted(int(s) for s in profile.nvlink.speedup_sizes)
     assert set(sizes) <= set(sweep_span(sizes)[1])
     assert fast.options["min_bytes"] == sizes[0] and fast.options["max_bytes"] == sizes[-1]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pytest_gpucluster.errors import JobFailed
-from pytest_gpucluster.launch.process import ProcessOutcome, agent_log_paths
+from pytest_gpucluster.launch.job_files import agent_log_paths
+from pytest_gpucluster.launch.process import ProcessOutcome
 from pytest_gpucluster.launch.result import JobSkipped, build_result, torchrun_exit_codes
 
 TORCHRUN_SUMMARY = """\

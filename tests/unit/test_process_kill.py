@@ -8,8 +8,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from pytest_gpucluster.launch import process
-from pytest_gpucluster.launch.process import LaunchSpec, find_job_pids, run_commands
+from pytest_gpucluster.launch import reaper
+from pytest_gpucluster.launch.process import LaunchSpec, run_commands
+from pytest_gpucluster.launch.reaper import find_job_pids
 
 # An "agent" that starts a grandchild in a session of its own (as torchrun does with its
 # workers), reports progress, then sleeps: killing its process group alone would miss the child.
@@ -84,9 +85,9 @@ def test_the_remote_reaper_kills_by_job_id(tmp_path):
         while not find_job_pids(job_id) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert find_job_pids(job_id) == [child.pid]
-        assert process.main(["--reap", job_id]) == 0
+        assert reaper.main(["--reap", job_id]) == 0
         assert child.wait(timeout=10) < 0
     finally:
         child.kill()
         child.wait()
-    assert process.main(["--bogus"]) == 2
+    assert reaper.main(["--bogus"]) == 2

@@ -1,21 +1,27 @@
 """Judging the health job: each rank's and GPU's numbers against the profile's ``burnin:`` section.
 
 The rank side (``workloads/health.py``) measures; this module turns its per-rank values into
-checks, one per number and rank (or GPU), each with its threshold from the profile (None:
-recorded, not gated) and labels naming the host, rank and GPU, and into the ECC/XID counter
-increases between two readings. A check that fails is also a `Suspect` (:func:`suspect_of`)
-naming the node, rank and GPU, for the drain list.
+checks, one per number and rank (or GPU; the GPU's own checks are ``gpu.py``), each with its
+threshold from the profile (None: recorded, not gated) and labels naming the host, rank and GPU,
+and into the ECC/XID counter increases between two readings. A check that fails is also a
+`Suspect` (:func:`suspect_of`) naming the node, rank and GPU, for the drain list.
+
+XID events that a node's logs do not let the rank read are never taken for "no XID":
+:func:`xid_readability_checks` records, per node, where they were read or why they could not
+be, as a check that does not pass (not measured) in the second case.
 
 Pure: no torch, no pytest.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pytest_gpucluster.burnin.drain import Suspect
 from pytest_gpucluster.burnin.stragglers import Sample, value_samples
+from pytest_gpucluster.checks.burnin.gpu import gpu_checks
 from pytest_gpucluster.profiles.schema import BurninSection
 from pytest_gpucluster.results.model import Check, Comparison, ThresholdRef
 from pytest_gpucluster.results.text import format_value
@@ -30,6 +36,7 @@ __all__ = [
     "skip_reasons",
     "skip_sentence",
     "suspect_of",
+    "xid_readability_checks",
 ]
 
 _EXPECTED = {">=": "at least", "<=": "at most", "==": "exactly"}
@@ -126,64 +133,6 @@ def cpu_checks(values: Iterable[Mapping[str, Any]], section: BurninSection, prof
                     )
                 )
     return out
-
-
-_GPU_SPECS: tuple[tuple[str, str, tuple[str, ...], str, Comparison, str], ...] = (
-    ("burnin.gpu_matmul", "bf16 matmul", ("gpu", "matmul_flops"), "FLOP/s", ">=", "min_matmul"),
-    ("burnin.gpu_memory_bandwidth", "device memory copy", ("gpu", "memory_bandwidth"), "B/s", ">=", "min_memory_bandwidth"),
-    ("burnin.h2d_bandwidth", "host-to-device copy", ("gpu", "h2d_bandwidth"), "B/s", ">=", "min_h2d_bandwidth"),
-    ("burnin.gpu_temperature", "temperature", ("nvml", "temperature_c"), "C", "<=", "max_temperature"),
-    ("burnin.gpu_power", "power draw", ("nvml", "power_w"), "W", "<=", "max_power"),
-    ("burnin.pcie_gen", "PCIe link generation", ("nvml", "pcie_gen"), "gen", ">=", "min_pcie_gen"),
-    ("burnin.pcie_width", "PCIe link width", ("nvml", "pcie_width"), "lanes", ">=", "min_pcie_width"),
-    ("burnin.retired_pages", "retired pages", ("nvml", "retired_pages"), "pages", "<=", "max_retired_pages"),
-    ("burnin.remapped_rows", "uncorrectable remapped rows", ("nvml", "remapped_rows", "uncorrectable"), "rows", "<=", "max_retired_pages"),
-)  # fmt: skip
-
-
-def _gpu_rank_checks(value: Mapping[str, Any], section: BurninSection, profile: str) -> list[Check]:
-    host, rank = str(value["host"]), int(value["rank"])
-    gpu = (value.get("nvml") or {}).get("gpu") or f"GPU {value.get('local_rank', rank)}"
-    where = {"host": host, "rank": rank, "gpu": gpu}
-    out = []
-    for metric, what, path, unit, comparison, key in _GPU_SPECS:
-        number = _num(value, *path)
-        if number is not None:
-            threshold = getattr(section, key)
-            out.append(_reading(metric, what, number, threshold, unit, comparison, _key(profile, key), where))
-    failure = _num(value, "nvml", "remapped_rows", "failure")
-    if failure is not None:
-        out.append(
-            _reading(
-                "burnin.row_remap_failure", "row remapping failure flag", failure, 0.0, "bool", "<=", None, where,
-                "NVML: a failed remap means the GPU needs replacing",
-            )
-        )  # fmt: skip
-    ecc = _num(value, "nvml", "ecc_uncorrected_volatile")
-    if ecc is not None:
-        what = "uncorrected ECC errors since the driver loaded"
-        out.append(_reading("burnin.ecc_uncorrected", what, ecc, None, "errors", "<=", None, where))
-    reasons = (value.get("nvml") or {}).get("throttle_reasons")
-    if isinstance(reasons, list):
-        active = sorted(set(section.forbidden_throttle_reasons) & set(reasons))
-        out.append(
-            _reading(
-                "burnin.throttle", "forbidden clock throttle reasons active", float(len(active)), 0.0, "reasons",
-                "<=", _key(profile, "forbidden_throttle_reasons"), where,
-                ", ".join(active) if active else f"active: {', '.join(reasons) or 'none'}",
-            )
-        )  # fmt: skip
-    return out
-
-
-def gpu_checks(values: Iterable[Mapping[str, Any]], section: BurninSection, profile: str) -> list[Check]:
-    """Per GPU: bf16 matmul, device memory and host-to-device bandwidth, and the NVML readings."""
-    return [
-        check
-        for value in _by_rank(values)
-        if "gpu" in value or "nvml" in value
-        for check in _gpu_rank_checks(value, section, profile)
-    ]
 
 
 def skip_reasons(values: Iterable[Mapping[str, Any]], part: str) -> list[str]:
@@ -300,3 +249,39 @@ def counter_increases(
                 )
             )  # fmt: skip
     return suspects
+
+
+def _xid_state(values: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str | None, str | None]]:
+    """``host -> (source, why)`` from the values of one reading: the node's first rank carries
+    ``xid_source`` with ``xid_events``, or ``skipped["xid"]``."""
+    out: dict[str, tuple[str | None, str | None]] = {}
+    for value in values:
+        host = str(value["host"])
+        if isinstance(value.get("xid_events"), list):
+            out[host] = (str(value.get("xid_source") or "the kernel log"), None)
+        elif (value.get("skipped") or {}).get("xid"):
+            out.setdefault(host, (None, str(value["skipped"]["xid"])))
+    return out
+
+
+def xid_readability_checks(
+    before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]
+) -> list[Check]:
+    """Per node, whether both readings could read its XID events: 1 (where from) or, when either
+    could not, a check with no value whose hint says why (not a pass: no XID may have been missed)."""
+    was, now = _xid_state(before), _xid_state(after)
+    out = []
+    for host in sorted(set(was) | set(now)):
+        readings = [r for r in (was.get(host), now.get(host)) if r is not None]
+        why = "; ".join(dict.fromkeys(w for _, w in readings if w))
+        if len(readings) < 2 and not why:
+            why = f"{host} answered only one of the two readings"
+        value = math.nan if why else 1.0
+        hint = (
+            f"XID events of {host} could not be checked: {why}. Give the test user read access to the kernel log "
+            "(the adm or systemd-journal group, or kernel.dmesg_restrict=0), or run the counters as root."
+            if why
+            else f"XID events of {host} read from {readings[0][0]} before and after the run."
+        )
+        out.append(Check("burnin.xid_readable", value, "bool", 1.0, "==", labels={"host": host}, hint=hint))
+    return out

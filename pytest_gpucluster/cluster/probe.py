@@ -1,0 +1,106 @@
+"""Run the per-node probe: one short job, one rank per node, before any test.
+
+`probe_cluster` launches `workloads.node_probe.probe` through the session's cluster (its launcher,
+its hosts, its environment forwarding) with one rank per node, no process group and no GPU taken,
+and turns what every rank returned into `ClusterFacts`. A node whose rank did not come back gets
+a `NodeFacts` with ``error`` set (the inventory fails naming it); the job's report is kept.
+`probe_here` reads this machine in the pytest process itself, for a session whose every host is
+this machine: the same reading, without a launch.
+
+``GPUCLUSTER_SYSFS_ROOT`` (``{host}`` is replaced by each node's name) points the probe's sysfs
+reading at a recorded tree: the test bed's way to give each network-namespace node the ports of a
+real machine. No pytest, no torch.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pytest_gpucluster.cluster.node_facts import ClusterFacts, NodeFacts, node_facts
+from pytest_gpucluster.errors import GpuClusterError, JobFailed
+
+__all__ = ["PROBE_FILE", "PROBE_WORKLOAD", "SYSFS_ROOT_ENV", "probe_cluster", "probe_here", "probe_options"]
+
+PROBE_WORKLOAD = "pytest_gpucluster.workloads.node_probe:probe"
+PROBE_FILE = "probe.json"
+"""Where the controller leaves the facts in the results directory (pytest-xdist workers read it)."""
+SYSFS_ROOT_ENV = "GPUCLUSTER_SYSFS_ROOT"
+PROBE_WORK_S = 60.0
+"""The probe's own work on a node (nvidia-smi, sysfs, importing torch), past the start-up deadline."""
+
+
+def probe_options(env_patterns: Sequence[str], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    env = os.environ if environ is None else environ
+    return {"env_patterns": list(env_patterns), "sysfs_root": env.get(SYSFS_ROOT_ENV) or None}
+
+
+def probe_here(options: Mapping[str, Any]) -> ClusterFacts:
+    """This machine's facts, read in this process (every host of the session is this machine)."""
+    from pytest_gpucluster.workloads.node_probe import read_node
+
+    record = read_node(
+        socket.gethostname(),
+        env_patterns=options.get("env_patterns") or (),
+        sysfs_root=options.get("sysfs_root"),
+    )
+    return ClusterFacts(
+        (node_facts(record),), "this machine (read in the pytest process: every host is local)"
+    )
+
+
+def _salvage(hosts: Sequence[str], exc: GpuClusterError) -> ClusterFacts:
+    """The nodes whose probe rank answered, and an error entry for every other host."""
+    result = getattr(exc, "result", None)
+    nodes: list[NodeFacts] = []
+    seen: set[str] = set()
+    for rank in getattr(result, "ranks", ()) or ():
+        if rank.ok and isinstance(rank.value, dict):
+            facts = node_facts(rank.value, rank.host)
+            nodes.append(facts)
+            seen.add(facts.host)
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    for host in hosts:
+        if host not in seen and not any(_same_host(host, name) for name in seen):
+            nodes.append(NodeFacts(host=host, error=f"its probe rank did not answer: {first}"))
+    where = (
+        f"probe job {result.job_id} ({result.job_dir})" if result is not None else "probe job (not started)"
+    )
+    return ClusterFacts(tuple(_in_host_order(nodes, hosts)), where, problem=str(exc))
+
+
+def _same_host(listed: str, reported: str) -> bool:
+    """``node01`` in the hostfile and ``node01.cluster.local`` as the node calls itself are one node."""
+    return listed.split(".")[0] == reported.split(".")[0]
+
+
+def probe_cluster(cluster: Any, options: Mapping[str, Any], *, timeout_s: float) -> ClusterFacts:
+    """Every node's facts from one job of one rank per node (see the module docstring)."""
+    hosts = list(cluster.spec.host_names)
+    try:
+        job = cluster.run(
+            PROBE_WORKLOAD,
+            nproc_per_node=1,
+            timeout=timeout_s,
+            options=dict(options),
+            name="node-probe",
+            init_process_group=False,
+            pick_device=False,
+        )
+    except JobFailed as exc:
+        return _salvage(hosts, exc)
+    except GpuClusterError as exc:  # could not launch at all
+        return _salvage(hosts, exc)
+    nodes = [node_facts(rank.value, rank.host) for rank in job.ranks]
+    return ClusterFacts(tuple(_in_host_order(nodes, hosts)), f"probe job {job.job_id} ({job.job_dir})")
+
+
+def _in_host_order(nodes: Sequence[NodeFacts], hosts: Sequence[str]) -> list[NodeFacts]:
+    """Nodes in the order the hosts were given (c10d numbers torchrun's nodes as they arrive)."""
+
+    def position(node: NodeFacts) -> int:
+        return next((i for i, h in enumerate(hosts) if _same_host(h, node.host)), len(hosts))
+
+    return sorted(nodes, key=position)

@@ -1,0 +1,100 @@
+"""How long a launched job may run before it is declared hung: derived from its work, not one number.
+
+A 10-step tiny model and a 70B ZeRO-3 run cannot share a deadline: one would hang for an hour
+before anyone noticed, the other be killed healthy. So an SFT case's deadline comes, in order, from
+
+1. the case's own ``timeout:`` (the profile author's word, who saw the estimate: ``profiles check``);
+2. ``--job-timeout`` set explicitly (command line, ``GPUCLUSTER_JOB_TIMEOUT``, ini): the user's
+   override for every job that has no ``timeout:`` of its own;
+3. the work: :data:`DEADLINE_MARGIN` times the case's estimated run time
+   (`profiles.estimates.estimate_case_runtime`: steps x a deliberately slow step at 15% MFU of the
+   device's peak, plus start-up), at least :data:`MIN_DERIVED_S`;
+4. ``--job-timeout``'s default, where the work cannot be estimated (a model given as a path).
+
+Sweeps derive theirs from the bytes they move (``plans.collectives.sweep_deadline``): at a floor
+rate a fabric fallen back to sockets still beats, and never below the margin over the run estimated
+at the expected bandwidth; an explicit ``--job-timeout`` overrides that too. A deadline below its
+estimate (a ``timeout:`` or ``--job-timeout`` set too low) is kept, the user's word, but flagged. Every `Deadline` carries the sentence that says where it came
+from, which ``--gpucluster-dry-run`` prints beside the job. Pure: no pytest, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_gpucluster.profiles.estimates import DEFAULT_JOB_TIMEOUT_S, RuntimeEstimate, estimate_case_runtime
+from pytest_gpucluster.profiles.findings import seconds
+from pytest_gpucluster.profiles.schema import ProfileModel, SftCase
+
+__all__ = ["DEADLINE_MARGIN", "MIN_DERIVED_S", "Deadline", "explicit_timeout", "sft_deadline"]
+
+DEADLINE_MARGIN = 1.5
+"""The estimate is already slow (15% MFU, 180 s start-up); half as much again covers a loaded
+shared filesystem or a slow first NCCL communicator without letting a hung job sit for hours."""
+MIN_DERIVED_S = 300.0
+"""No derived deadline below 5 minutes: start-up alone can take that on a real site."""
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    seconds: float
+    why: str
+    """Where the number comes from, as the dry run prints it."""
+    estimate_s: float | None = None
+    """The estimated run time it was set against, when there is one."""
+    estimate_why: str = ""
+    """The estimate's arithmetic, or why there is none."""
+
+    @property
+    def text(self) -> str:
+        """``job timeout T (why); estimated run E (how)``, flagged when T is below E."""
+        estimate = ""
+        if self.estimate_s is not None:
+            how = f", from {self.estimate_why}" if self.estimate_why else ""
+            estimate = f"; estimated run {seconds(self.estimate_s)}{how}"
+        elif self.estimate_why:
+            estimate = f"; {self.estimate_why}"
+        warning = " BELOW THE ESTIMATED RUN: a healthy job may be killed" if self.below_estimate else ""
+        return f"job timeout {seconds(self.seconds)}{warning} ({self.why}{estimate})"
+
+    @property
+    def below_estimate(self) -> bool:
+        return self.estimate_s is not None and self.seconds < self.estimate_s
+
+
+def explicit_timeout(settings: Any) -> Deadline | None:
+    """``--job-timeout`` when the user set it (not its default), else None."""
+    source = settings.source("job_timeout")
+    if source == "default":
+        return None
+    return Deadline(settings.job_timeout, f"--job-timeout from {source}")
+
+
+def sft_deadline(case: SftCase, profile: ProfileModel, *, nodes: int, settings: Any) -> Deadline:
+    """The deadline of one job training ``case`` on ``nodes`` nodes (see the module docstring)."""
+    estimate = estimate_case_runtime(case, profile.cluster, nodes=nodes, peak_flops=_peak(profile))
+    if isinstance(estimate, RuntimeEstimate):
+        estimated, how = estimate.total_s, estimate.arithmetic
+    else:
+        estimated, how = None, f"run time not estimated: {estimate}"
+    if case.timeout is not None:
+        return Deadline(case.timeout, f"sft case {case.name}'s own timeout:", estimated, how)
+    override = explicit_timeout(settings)
+    if override is not None:
+        return Deadline(override.seconds, override.why, estimated, how)
+    if estimated is not None:
+        derived = max(math.ceil(estimated * DEADLINE_MARGIN / 60) * 60, MIN_DERIVED_S)
+        return Deadline(derived, f"derived: {DEADLINE_MARGIN:g} x the estimated run", estimated, how)
+    return Deadline(DEFAULT_JOB_TIMEOUT_S, "--job-timeout default", None, how)
+
+
+def _peak(profile: ProfileModel) -> float | None:
+    """The profile's peak, else the device table's for its GPU (as ``profiles check`` uses)."""
+    if profile.cluster.peak_flops:
+        return profile.cluster.peak_flops
+    from pytest_gpucluster.profiles.devices import find_device
+
+    device = find_device(profile.cluster.gpu_model) if profile.cluster.device == "cuda" else None
+    return device.peak_flops if device is not None else None

@@ -1,0 +1,148 @@
+"""A node's XID events (the NVIDIA driver's error reports), from wherever this rank may read them.
+
+XIDs are written to the kernel log, which ordinary users often cannot read: ``kernel.dmesg_restrict=1``
+(the default of Debian, Ubuntu and Fedora kernels) makes ``dmesg`` fail with "read kernel buffer
+failed: Operation not permitted"; ``journalctl`` shows the kernel's messages only to root and the
+``adm``/``systemd-journal`` groups (otherwise it prints a hint, or "No journal files were opened due
+to insufficient permissions"); ``/var/log/kern.log`` is ``root:adm``. :func:`kernel_xids` tries
+``journalctl -k``, ``dmesg``, ``/var/log/kern.log`` and ``/var/log/messages`` in that order and takes
+the first one that is readable *and* holds kernel messages (a journal without the kernel's log, as
+in many containers, proves nothing). When none is, it says why for each: the parent records that
+as a check that does not pass, never as "no XID".
+
+:class:`NvmlXidListener` listens to NVML's XID events on one GPU (``nvmlEventTypeXidCriticalError``)
+for the span of the health job's load: no log access needed, but it only sees events that happen
+while it listens.
+
+Rank-side: standard library only; pynvml is handed in by the caller.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["LOG_FILES", "NvmlXidListener", "kernel_xids", "parse_xid_lines", "read_tail", "run_command"]
+
+_XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f:.]+)\): (?P<xid>\d+)")
+"""``NVRM: Xid (PCI:0000:3b:00): 79, ...``; old drivers wrote ``(0000:01:00)`` without ``PCI:``."""
+LOG_FILES = ("/var/log/kern.log", "/var/log/messages")
+TAIL_BYTES = 64 << 20
+"""A syslog file can be gigabytes; its last 64 MiB hold this boot's recent kernel messages."""
+_JOURNAL_DENIED = (
+    "insufficient permissions",
+    "not seeing messages from other users and the system",
+    "not seeing messages from the system",
+    "no journal files were found",
+)
+
+Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
+TailReader = Callable[[str], str]
+
+
+def parse_xid_lines(text: str) -> list[dict[str, Any]]:
+    """``NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.`` lines of a kernel
+    log, each as ``{"pci": "0000:3b:00", "xid": 79, "line": ...}`` (the line kept for
+    telling a new event from one already seen: log lines carry their timestamp)."""
+    events = []
+    for line in text.splitlines():
+        match = _XID.search(line)
+        if match:
+            events.append(
+                {"pci": match["pci"].lower(), "xid": int(match["xid"]), "line": line.strip()[-300:]}
+            )
+    return events
+
+
+def run_command(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=30, check=False)
+
+
+def read_tail(path: str) -> str:
+    with open(path, "rb") as handle:
+        handle.seek(0, 2)
+        size = handle.tell()
+        handle.seek(max(0, size - TAIL_BYTES))
+        return handle.read().decode("utf-8", errors="replace")
+
+
+def _has_kernel_lines(text: str) -> bool:
+    return any(line.strip() and not line.startswith("-- ") for line in text.splitlines())
+
+
+def _command(name: str, argv: Sequence[str], run: Runner) -> tuple[str | None, str]:
+    """(output, "") when readable, else (None, why)."""
+    try:
+        done = run(argv)
+    except FileNotFoundError:
+        return None, f"{name}: not installed"
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"{name}: {type(exc).__name__}: {exc}"
+    said = " ".join(f"{done.stderr or ''} {done.stdout or ''}".split())
+    if done.returncode != 0:
+        return None, f"{name}: exit {done.returncode}: {said[:200] or 'no message'}"
+    denied = (
+        next((d for d in _JOURNAL_DENIED if d in said.lower()), None)
+        if name.startswith("journalctl")
+        else None
+    )
+    if denied:
+        return None, f"{name}: {' '.join((done.stderr or '').split())[:240] or denied}"
+    if not _has_kernel_lines(done.stdout or ""):
+        return None, f"{name}: no kernel message at all (a log without the kernel's ring buffer)"
+    return done.stdout, ""
+
+
+def kernel_xids(run: Runner = run_command, tail: TailReader = read_tail) -> dict[str, Any]:
+    """``{"events": [...], "source": "journalctl -k"}`` from the first readable kernel log, or
+    ``{"events": None, "why": "journalctl -k: ...; dmesg: ...; /var/log/kern.log: ..."}``."""
+    reasons: list[str] = []
+    for name, argv in (
+        ("journalctl -k", ["journalctl", "-k", "--no-pager", "-o", "short-iso"]),
+        ("dmesg", ["dmesg"]),
+    ):
+        text, why = _command(name, argv, run)
+        if text is not None:
+            return {"events": parse_xid_lines(text), "source": name}
+        reasons.append(why)
+    for path in LOG_FILES:
+        try:
+            text = tail(path)
+        except OSError as exc:
+            reasons.append(f"{path}: {exc.strerror or type(exc).__name__}")
+            continue
+        if _has_kernel_lines(text):
+            return {"events": parse_xid_lines(text), "source": path}
+        reasons.append(f"{path}: empty")
+    return {"events": None, "why": "; ".join(reasons)}
+
+
+class NvmlXidListener:
+    """XID events NVML reports for one GPU while this listener is open (``drain`` collects them)."""
+
+    def __init__(self, pynvml: Any, handle: Any) -> None:
+        self._nvml = pynvml
+        self._set = pynvml.nvmlEventSetCreate()
+        try:
+            pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, self._set)
+        except Exception:
+            pynvml.nvmlEventSetFree(self._set)
+            raise
+        self._wait = getattr(pynvml, "nvmlEventSetWait_v2", None) or pynvml.nvmlEventSetWait
+
+    def drain(self) -> list[dict[str, Any]]:
+        """Every event queued so far (a timeout of 0: NVML answers at once)."""
+        events: list[dict[str, Any]] = []
+        while True:
+            try:
+                data = self._wait(self._set, 0)
+            except Exception as exc:  # NVMLError_Timeout: nothing (more) queued
+                if "Timeout" not in type(exc).__name__:
+                    raise
+                return events
+            events.append({"xid": int(data.eventData), "source": "nvml"})
+
+    def close(self) -> None:
+        self._nvml.nvmlEventSetFree(self._set)
