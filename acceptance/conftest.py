@@ -77,11 +77,12 @@ def burnin_suspects(gpucluster_session: Any) -> Iterator[SuspectLog]:
 
 @pytest.fixture
 def judge(results: Any, burnin_suspects: SuspectLog, request: pytest.FixtureRequest) -> Any:
-    """``judge(checks, suspects)``: the suspects to the drain list, then every check to results."""
+    """``judge(checks, suspects, remeasure=None)``: the suspects to the drain list, then every
+    check to results (``remeasure``: how the regression gate measures a suspect again)."""
 
-    def judge(checks: list[Check], suspects: Sequence[Suspect] = ()) -> None:
+    def judge(checks: list[Check], suspects: Sequence[Suspect] = (), remeasure: Any = None) -> None:
         __tracebackhide__ = True
         burnin_suspects.add(suspects, request.node.nodeid)
-        results.check_all(checks)
+        results.check_all(checks, remeasure=remeasure)
 
     return judge

@@ -75,11 +75,13 @@ def injected_sweep(session: GpuClusterSession, params: Mapping[str, Any]) -> Par
     return plans.straggler_sweep_part(session.available_nodes, inject_rank=world - 1) if world >= 2 else None
 
 
-def test_rank_health_cpu(health_job: PartRun, hw: Any, judge: Any) -> None:
-    """Each rank's float32 matmul FLOP/s and memory copy bandwidth, against burnin.min_cpu_*."""
+def test_rank_health_cpu(health_job: PartRun, hw: Any, judge: Any, rerun_part: Any) -> None:
+    """Each rank's float32 matmul FLOP/s and memory copy bandwidth, against burnin.min_cpu_*
+    (with ``--baseline``, a suspected regression runs the health job once more before it fails)."""
     checks = health.cpu_checks(health_job.values, hw.burnin, hw.name)
     assert checks, "the health job returned no CPU numbers"
-    judge(checks, [health.suspect_of(c) for c in checks if c.failed])
+    again = lambda _: health.cpu_checks(rerun_part(health_job.part).values, hw.burnin, hw.name)  # noqa: E731
+    judge(checks, [health.suspect_of(c) for c in checks if c.failed], remeasure=again)
 
 
 def test_gpu_health(health_job: PartRun, hw: Any, judge: Any) -> None:

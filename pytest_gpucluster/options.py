@@ -98,6 +98,12 @@ def _argv_template(text: str) -> tuple[str, ...]:
     return argv
 
 
+def _gate_mode(text: str) -> str:
+    if text not in ("fail", "warn"):
+        raise ValueError(f"expected 'fail' or 'warn', got {text!r}")
+    return text
+
+
 def _percent(text: str) -> float:
     from pytest_gpucluster.profiles.quantities import parse_fraction
 
@@ -303,10 +309,20 @@ OPTIONS: tuple[_Option, ...] = (
     _Option(
         "--max-regression",
         "max_regression",
-        "largest allowed regression against --baseline, e.g. 5%",
+        "largest allowed regression against --baseline past the baseline's noise, e.g. 5%, for metrics "
+        "the profile's regression: tolerances do not name",
         0.05,
         _percent,
         "PERCENT",
+    ),
+    _Option(
+        "--regression-gate",
+        "regression_gate",
+        "with --baseline: 'fail' (a confirmed regression fails its test) or 'warn' (compared and "
+        "reported, never failed on: runs on different machines)",
+        "fail",
+        _gate_mode,
+        "MODE",
     ),
 )
 
@@ -377,6 +393,7 @@ class Settings:
     baseline: Path | None
     soak: float | None
     max_regression: float
+    regression_gate: str = "fail"
     dry_run: bool = False
     drain: bool = False
     reap: bool = False

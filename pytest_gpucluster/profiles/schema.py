@@ -416,6 +416,45 @@ class FabricSection(Section):
         return value
 
 
+def _tolerance(value: Any) -> Any:
+    # YAML 1.1 reads a bare `off` as false: both spellings mean off
+    if value is False or (isinstance(value, str) and value.strip().lower() == "off"):
+        return None
+    if value is None or value is True:
+        raise ValueError("write a percentage such as 5%, or off (shown, never failed on)")
+    return parse_fraction(value)
+
+
+class RegressionTolerance(Section):
+    """How far the metrics matching ``metric`` may regress against ``--baseline`` before the run fails."""
+
+    metric: str = Field(
+        description="An fnmatch glob over metric names: 'collectives.*.busbw*', 'sft.step_time'.",
+        min_length=1,
+    )
+    tolerance: Annotated[float | None, BeforeValidator(_tolerance)] = Field(
+        description="How far past the baseline's noise a value may move the wrong way: '5%', or 'off' "
+        "(compared and shown, never failed on)."
+    )
+    source: str | None = Field(
+        None, description="Where the number comes from (measured noise, a public figure)."
+    )
+
+    @field_validator("tolerance")
+    @classmethod
+    def _a_fraction(cls, value: float | None) -> float | None:
+        if value is not None and not 0 <= value < 10:
+            raise ValueError(f"a tolerance is a percentage from 0% to 1000%, got {value * 100:g}%")
+        return value
+
+
+class RegressionSection(Section):
+    """The regression gate (``--baseline``): tolerances per metric glob, the first match wins;
+    a metric no glob matches regresses beyond ``--max-regression`` (default 5%)."""
+
+    tolerances: tuple[RegressionTolerance, ...] = ()
+
+
 class LaunchSection(Section):
     """How jobs are started on this cluster, where the site's defaults are not enough."""
 
@@ -458,6 +497,7 @@ class ProfileModel(Section):
     sft: SftSection = Field(default_factory=SftSection)
     scaling: ScalingSection | None = None
     burnin: BurninSection = Field(default_factory=BurninSection)
+    regression: RegressionSection = Field(default_factory=RegressionSection)
     launch: LaunchSection = Field(default_factory=LaunchSection)
     fabric: FabricSection = Field(default_factory=FabricSection)
     versions: dict[str, str] = Field(default_factory=dict)

@@ -11,7 +11,11 @@ Pure data and (de)serialisation; no pytest, no I/O. ``results.json`` is the base
 next regression gate, so its layout is versioned (``schema_version``): version 2 stores the
 threshold's profile key as ``ref: {"profile", "key_path"}`` and the failure hint; version-1
 files (a free-text ``source`` in place of ``ref``) are still read — their ``source`` was prose
-for people and is dropped, so such measurements carry no ``ref``.
+for people and is dropped, so such measurements carry no ``ref``. Two optional keys of version
+2 are written only when they say something: ``baseline_gate`` (a check's own word on whether the
+regression gate judges it) and ``attempt`` (2 for the confirmation of a suspected regression,
+recorded after the first measurement of the same key, which it supersedes); a reader that
+ignores them still takes the last measurement of a key as its value.
 """
 
 from __future__ import annotations
@@ -133,6 +137,11 @@ class Check:
     spread: Spread | None = None
     hint: str = ""
     """Said after a failure: where the number comes from and what to look at next."""
+    baseline_gate: bool | None = None
+    """Whether the regression gate (``--baseline``) judges this value: None (the default) judges
+    it when it has a floor or a ceiling; True also without one (a curve summary such as peak
+    busbw); False never (shown in the comparison, never failed on: a value relative to its
+    peers, whose own threshold already judges it)."""
 
     def __post_init__(self) -> None:
         if self.comparison not in _COMPARISONS:
@@ -170,11 +179,13 @@ class Measurement(Check):
 
     test_id: str = ""
     time: float = 0.0
+    attempt: int = 1
+    """2 for the confirmation the regression gate measured after a suspected regression."""
 
     @classmethod
-    def of(cls, check: Check, *, test_id: str, time: float) -> Measurement:
+    def of(cls, check: Check, *, test_id: str, time: float, attempt: int = 1) -> Measurement:
         values = {f.name: getattr(check, f.name) for f in fields(Check)}
-        return cls(**values, test_id=test_id, time=time)
+        return cls(**values, test_id=test_id, time=time, attempt=attempt)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -193,6 +204,10 @@ class Measurement(Check):
         }
         if self.hint:
             data["hint"] = self.hint
+        if self.baseline_gate is not None:
+            data["baseline_gate"] = self.baseline_gate
+        if self.attempt != 1:
+            data["attempt"] = self.attempt
         return data
 
     @classmethod
@@ -221,9 +236,17 @@ class Measurement(Check):
                 }
             ),
             hint=str(data.get("hint") or ""),
+            baseline_gate=_optional_bool(data.get("baseline_gate")),
             test_id=str(data.get("test_id", "")),
             time=float(data.get("time") or 0.0),
+            attempt=int(data.get("attempt") or 1),
         )
+
+
+def _optional_bool(value: Any) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise ValueError(f"baseline_gate must be true, false or null, got {value!r}")
 
 
 def _spread_json(spread: Spread) -> dict[str, Any]:
