@@ -4,9 +4,10 @@ The burn-in tests (test_burnin.py) share the session's suspect list (``burnin_su
 suspects.json as suspects are found, listed and drained at the end) and ``judge``, which adds a
 test's suspects to it and records its checks. Two rules for them concern the whole run:
 
-- The ECC/XID counters are read first and last: ``test_counters_before`` is moved to the front of
-  the run and ``test_counters_after`` to its end, so that together they bracket every other test.
-  (Under pytest-xdist each worker brackets only its own share of the tests.)
+- The ECC/XID counters and the fabric ports are read first and last: ``test_counters_before`` and
+  ``test_fabric_before`` are moved to the front of the run, ``test_counters_after`` and
+  ``test_fabric_after`` to its end, so that together they bracket every other test (the soak
+  included). (Under pytest-xdist each worker brackets only its own share of the tests.)
 - The slow burn-in parts, marked ``@pytest.mark.burnin(slow=True)`` (the pairwise localization,
   about n/2 + 2 jobs), run only when ``-m`` names burnin: ``pytest acceptance/ -m burnin``. A plain
   ``pytest acceptance/`` deselects them and says so in the header.
@@ -24,8 +25,8 @@ import pytest
 from pytest_gpucluster.burnin.drain import Suspect, SuspectLog
 from pytest_gpucluster.results.model import Check
 
-FIRST = "test_burnin.py::test_counters_before"
-LAST = "test_burnin.py::test_counters_after"
+FIRST = ("test_burnin.py::test_counters_before", "test_fabric.py::test_fabric_before")
+LAST = ("test_burnin.py::test_counters_after", "test_fabric.py::test_fabric_after")
 _DESELECTED = pytest.StashKey[int]()
 
 
@@ -52,7 +53,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             config.hook.pytest_deselected(items=slow)
             config.stash[_DESELECTED] = len(slow)
     first = [item for item in items if item.nodeid.endswith(FIRST)]
-    last = [item for item in items if item.nodeid.endswith(LAST)]
+    last = [item for item in items if item.nodeid.endswith(LAST)]  # str.endswith takes a tuple
     if first or last:
         middle = [item for item in items if item not in first and item not in last]
         items[:] = first + middle + last
@@ -76,11 +77,12 @@ def burnin_suspects(gpucluster_session: Any) -> Iterator[SuspectLog]:
 
 @pytest.fixture
 def judge(results: Any, burnin_suspects: SuspectLog, request: pytest.FixtureRequest) -> Any:
-    """``judge(checks, suspects)``: the suspects to the drain list, then every check to results."""
+    """``judge(checks, suspects, remeasure=None)``: the suspects to the drain list, then every
+    check to results (``remeasure``: how the regression gate measures a suspect again)."""
 
-    def judge(checks: list[Check], suspects: Sequence[Suspect] = ()) -> None:
+    def judge(checks: list[Check], suspects: Sequence[Suspect] = (), remeasure: Any = None) -> None:
         __tracebackhide__ = True
         burnin_suspects.add(suspects, request.node.nodeid)
-        results.check_all(checks)
+        results.check_all(checks, remeasure=remeasure)
 
     return judge

@@ -15,6 +15,9 @@ slow". These tests name it (the verdicts: ``checks/burnin/``; what runs: ``plans
 - **ECC / XID**: counters read before the first and after the last test (acceptance/conftest.py
   orders them); any increase fails, naming the GPU. A node whose kernel log the test user cannot
   read (dmesg restricted, no journal access) gets a check that does not pass, saying why.
+- **DCGM diagnostics**: ``dcgmi diag -r <burnin.dcgm.level> -j`` on every node that has DCGM; each
+  test result per GPU is a check (a Fail names the GPU and the test; a Warn is recorded and warned).
+  No ``dcgmi`` on any node is a skip saying so.
 - **version drift**: every node's driver, CUDA, NCCL, net plugin, torch and firmware versions
   against the profile's ``versions:`` pins, and against each other.
 - **pairwise localization**: node pairs in two rounds (`burnin.pairwise`), about n/2 + 2 jobs, so
@@ -27,6 +30,7 @@ and run only with ``--gpucluster-drain``. The self-test's injected straggler is 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -37,8 +41,8 @@ from pytest_gpucluster.burnin.drift import fleet_versions
 from pytest_gpucluster.burnin.pairwise import localize
 from pytest_gpucluster.burnin.runner import ClusterPairRunner
 from pytest_gpucluster.burnin.stragglers import Sample, find_stragglers, sweep_samples, worst_per_host
-from pytest_gpucluster.checks.burnin import health, peers
-from pytest_gpucluster.errors import GpuClusterError
+from pytest_gpucluster.checks.burnin import dcgm, health, peers
+from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning
 from pytest_gpucluster.fixtures import job_part
 from pytest_gpucluster.harness import Part, PartRun
 from pytest_gpucluster.inputs import read_texts
@@ -71,11 +75,13 @@ def injected_sweep(session: GpuClusterSession, params: Mapping[str, Any]) -> Par
     return plans.straggler_sweep_part(session.available_nodes, inject_rank=world - 1) if world >= 2 else None
 
 
-def test_rank_health_cpu(health_job: PartRun, hw: Any, judge: Any) -> None:
-    """Each rank's float32 matmul FLOP/s and memory copy bandwidth, against burnin.min_cpu_*."""
+def test_rank_health_cpu(health_job: PartRun, hw: Any, judge: Any, rerun_part: Any) -> None:
+    """Each rank's float32 matmul FLOP/s and memory copy bandwidth, against burnin.min_cpu_*
+    (with ``--baseline``, a suspected regression runs the health job once more before it fails)."""
     checks = health.cpu_checks(health_job.values, hw.burnin, hw.name)
     assert checks, "the health job returned no CPU numbers"
-    judge(checks, [health.suspect_of(c) for c in checks if c.failed])
+    again = lambda _: health.cpu_checks(rerun_part(health_job.part).values, hw.burnin, hw.name)  # noqa: E731
+    judge(checks, [health.suspect_of(c) for c in checks if c.failed], remeasure=again)
 
 
 def test_gpu_health(health_job: PartRun, hw: Any, judge: Any) -> None:
@@ -170,6 +176,29 @@ def test_counters_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: A
         )
     grown = health.counter_increases(before, after)
     judge([peers.counter_check(grown), *health.xid_readability_checks(before, after)], grown)
+
+
+def test_dcgm_diag(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any) -> None:
+    """DCGM's own diagnostics (dcgmi diag -r <level> -j) on every node, each test result per GPU a check."""
+    settings = hw.burnin.dcgm
+    job = cluster.run(
+        plans.DCGM, nodes=gpucluster_session.available_nodes, nproc_per_node=1, init_process_group=False,
+        timeout=settings.effective_timeout + 60.0, name="burnin-dcgm",
+        options=plans.dcgm_options(settings.level, settings.effective_timeout),
+    )  # fmt: skip
+    found = dcgm.node_reports(job.values)
+    if not found.reports and not found.broken:
+        pytest.skip("DCGM diagnostics: " + "; ".join(why for _, why in found.missing))
+    checks, suspects = list(found.broken), []
+    for node, why in found.missing:  # others have DCGM: these nodes' GPUs went undiagnosed
+        checks.append(dcgm.missing_check(node, why))
+    for node, report in found.reports:
+        verdict = dcgm.diag_checks(node, report, settings.level)
+        checks += verdict.checks
+        suspects += verdict.suspects
+        for sentence in verdict.warnings:
+            warnings.warn(GpuClusterWarning(sentence), stacklevel=1)
+    judge(checks, suspects)
 
 
 def test_version_drift(

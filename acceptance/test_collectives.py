@@ -17,6 +17,10 @@ whole sweep. Each point is timed ``repeat`` times; the median is gated and the s
 A failure states the measured value, the threshold, the size, the scope and node count, and
 names the slowest rank and its host (``checks/collectives.py``).
 
+With ``--baseline``, the gated values (the checks above and each curve's peak busbw and busbw at
+its largest size) are held against the baseline; a suspected regression is swept again, only
+its sizes (``plans.collectives.confirmation_part``), and fails only if the second sweep regresses too.
+
 Latency means nccl-tests' latency: on a GPU, ``max_latency`` is gated only in
 ``test_nccl_tests`` (the binaries' own time per call). The torch sweep's time on CUDA (CUDA events
 around a Python loop of ``dist`` calls, whose dispatch inflates small sizes up to ~2x) is recorded
@@ -53,7 +57,7 @@ from pytest_gpucluster.errors import GpuClusterError
 from pytest_gpucluster.fixtures import job_part
 from pytest_gpucluster.harness import Part, PartRun
 from pytest_gpucluster.launch.nccl_tests import binary_path, build_command, run_command
-from pytest_gpucluster.plans.collectives import job_env, sweep_part
+from pytest_gpucluster.plans.collectives import confirmation_part, job_env, sweep_part
 from pytest_gpucluster.session import GpuClusterSession, get_session
 
 
@@ -89,8 +93,20 @@ def collective_sweep(session: GpuClusterSession, params: Mapping[str, Any]) -> P
     )  # fmt: skip
 
 
+def _origin(run: PartRun) -> str:
+    return (
+        f"sweep job {run.job_id} (nccl-tests-style tables in {Path(run.job_dir) / 'progress.log'}, "
+        "per-rank logs beside it)"
+    )
+
+
 def test_collective(
-    case: Case, collective_sweep: PartRun | None, hw: Any, gpucluster_session: Any, results: Any
+    case: Case,
+    collective_sweep: PartRun | None,
+    hw: Any,
+    gpucluster_session: Any,
+    results: Any,
+    rerun_part: Any,
 ) -> None:
     """busbw and time per size of one collective on one scope; the profile's checks gated."""
     nodes, reason = scope_nodes(case.scope, gpucluster_session.available_nodes)
@@ -99,15 +115,18 @@ def test_collective(
     data = collect(collective_sweep.values)[case.collective]
     if data.skipped:
         pytest.skip(f"{case.collective} on {hw.cluster.backend}: {data.skipped}")
-    origin = (
-        f"sweep job {collective_sweep.job_id} (nccl-tests-style tables in "
-        f"{Path(collective_sweep.job_dir) / 'progress.log'}, per-rank logs beside it)"
-    )
     dtype = hw.collectives.sweep.dtype
     env = {**gpucluster_session.nccl_env, **collective_sweep.part.env}
-    results.check_all(
-        collective_checks(case, data, profile=hw.name, nodes=nodes, dtype=dtype, origin=origin, env=env)
-    )
+    judged = {"profile": hw.name, "nodes": nodes, "dtype": dtype, "env": env}
+
+    def again(suspects: Any) -> Any:
+        part, whole = confirmation_part(collective_sweep.part, case, hw.collectives, suspects)
+        run = rerun_part(part)
+        fresh = collect(run.values)[case.collective]
+        return collective_checks(case, fresh, **judged, origin=_origin(run), partial=not whole)
+
+    checks = collective_checks(case, data, **judged, origin=_origin(collective_sweep))
+    results.check_all(checks, remeasure=again)
 
 
 @pytest.fixture

@@ -112,17 +112,21 @@ def sft_run(session: GpuClusterSession, params: Mapping[str, Any]) -> Part | Non
     )
 
 
-def test_sft(sft_subject: LaunchedCase | RecordedLog, sft_run: PartRun | None, hw: Any, results: Any) -> None:
-    """One SFT case of the profile, trained here, or one training log, against the case's thresholds."""
+def test_sft(
+    sft_subject: LaunchedCase | RecordedLog, sft_run: PartRun | None, hw: Any, results: Any, rerun_part: Any
+) -> None:
+    """One SFT case of the profile, trained here, or one training log, against the case's thresholds.
+    With ``--baseline``, a suspected regression trains the case once more before it fails."""
     if isinstance(sft_subject, RecordedLog):
         _check_log(sft_subject, hw, results)
         return
     assert sft_run is not None
-    results.check_all(
-        launched_checks(
-            hw.sft.cases[sft_subject.index], sft_subject.index, hw, sft_run.values, sft_run.origin
-        )
-    )
+    index = sft_subject.index
+
+    def checks_of(run: PartRun) -> Any:
+        return launched_checks(hw.sft.cases[index], index, hw, run.values, run.origin)
+
+    results.check_all(checks_of(sft_run), remeasure=lambda _: checks_of(rerun_part(sft_run.part)))
 
 
 def _check_log(log: RecordedLog, hw: Any, results: Any) -> None:

@@ -159,18 +159,47 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from pytest_gpucluster.profiles.quantities import parse_fraction
-    from pytest_gpucluster.results.baseline import compare_runs, comparison_lines, read_results
+    """Judge NEW against OLD as the run that wrote NEW did (its stored tolerances and gate mode),
+    unless --max-regression overrides the default tolerance."""
+    from dataclasses import replace
 
-    text = args.max_regression
-    try:
-        tolerance = parse_fraction(text if "%" in text or float(text) <= 1 else f"{text}%")
-    except ValueError:
-        raise GpuClusterError(f"--max-regression {text!r}: expected a percentage such as 5%") from None
-    comparison = compare_runs(read_results(Path(args.old)), read_results(Path(args.new)), tolerance)
+    from pytest_gpucluster.results.baseline import compare_runs, read_results, settings_of
+    from pytest_gpucluster.results.comparison_text import comparison_lines
+
+    old, new = read_results(Path(args.old)), read_results(Path(args.new))
+    tolerances, mode = settings_of(new)
+    if args.max_regression is not None:
+        tolerances = replace(
+            tolerances, default=_fraction("--max-regression", args.max_regression), source="--max-regression"
+        )
+    comparison = compare_runs(old, new, tolerances, mode=mode)
     for line in comparison_lines(comparison):
         print(line)
     return 1 if comparison.fails else 0
+
+
+def _fraction(flag: str, text: str) -> float:
+    from pytest_gpucluster.profiles.quantities import parse_fraction
+
+    try:
+        return parse_fraction(text if "%" in text or float(text) <= 1 else f"{text}%")
+    except ValueError:
+        raise GpuClusterError(f"{flag} {text!r}: expected a percentage such as 5%") from None
+
+
+def cmd_baseline_merge(args: argparse.Namespace) -> int:
+    from pytest_gpucluster.results.baseline import read_results
+    from pytest_gpucluster.results.fleet import merge_runs, write_fleet
+
+    if len(args.results) < 2:
+        raise GpuClusterError("baseline merge needs two or more results files (a fleet of one is that run)")
+    fleet = merge_runs([read_results(Path(p)) for p in args.results])
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise GpuClusterError(f"{out} exists; pass --force to overwrite it")
+    write_fleet(fleet, out)
+    print(f"{out}: {fleet.summary()}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -207,10 +236,26 @@ def build_parser() -> argparse.ArgumentParser:
     compare = sub.add_parser(
         "compare", help="compare two results.json; exit 1 on a regression, 2 on unreadable input"
     )
-    compare.add_argument("old", metavar="OLD.json")
+    compare.add_argument("old", metavar="OLD.json", help="the baseline: a results.json or a fleet baseline")
     compare.add_argument("new", metavar="NEW.json")
-    compare.add_argument("--max-regression", default="5%", help="allowed regression (default 5%%)")
+    compare.add_argument(
+        "--max-regression",
+        default=None,
+        help="default tolerance for metrics the profile's regression: globs do not name "
+        "(default: what NEW was run with, else 5%%)",
+    )
     compare.set_defaults(func=cmd_compare)
+
+    baseline = sub.add_parser("baseline", help="`baseline merge A.json B.json ... --out FLEET.json`")
+    actions = baseline.add_subparsers(dest="action", required=True)
+    merge = actions.add_parser(
+        "merge",
+        help="a fleet baseline: per measurement the median of several runs, its noise the range over them",
+    )
+    merge.add_argument("results", nargs="+", metavar="RESULTS.json")
+    merge.add_argument("--out", "-o", required=True, metavar="FLEET.json")
+    merge.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    merge.set_defaults(func=cmd_baseline_merge)
 
     for register in EXTRA_COMMANDS:
         register(sub)

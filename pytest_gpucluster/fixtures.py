@@ -1,5 +1,6 @@
 """Fixtures the plugin gives every test: hw, machine, nodes, cluster, hostfile, nccl_env, results,
-shared_jobs; and `job_part`, which declares a fixture that runs one part of the shared jobs.
+shared_jobs, rerun_part; and `job_part`, which declares a fixture that runs one part of the
+shared jobs.
 
 Registered by plugin.py once the session has started. The ``process_group`` fixture for
 rank-side tests lives with the rank-test machinery (rank_tests.py).
@@ -229,6 +230,13 @@ def shared_jobs(
     """The session's `harness.SharedJobs`: each part run once, parts that launch alike in one job,
     every job with the session's NCCL environment (``nccl_env``, which warns on names NCCL ignores)."""
     return SharedJobs(cluster, _upcoming(request.session, gpucluster_session), nccl_env)
+
+
+@pytest.fixture
+def rerun_part(shared_jobs: SharedJobs, request: pytest.FixtureRequest) -> Callable[[Part], PartRun]:
+    """``rerun_part(part)``: the part measured again in a job of its own, for the regression gate's
+    confirmation (``results.check_all(checks, remeasure=...)``; `SharedJobs.rerun`)."""
+    return lambda part: shared_jobs.rerun(part, request.node.nodeid)
 
 
 def job_part(planner: Planner) -> Any:

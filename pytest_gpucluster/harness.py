@@ -13,6 +13,10 @@ the `PartRun` of its part:
   exception with the same message. When a bundled job fails, the parts that finished before the
   failure still reach their tests.
 
+`SharedJobs.rerun` runs a part again, alone, for the regression gate's confirmation of a
+suspected regression (``Recorder.check_all(..., remeasure=...)``); a second test asking to
+confirm the same part gets the same rerun.
+
 No pytest here: the plugin's ``shared_jobs`` fixture builds one `SharedJobs` per session around
 the session's cluster.
 """
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +112,18 @@ class SharedJobs:
         if part.key not in self._done:
             self._launch(self._group(part), test_id)
         outcome = self._done[part.key]
+        if isinstance(outcome, GpuClusterError):
+            raise type(outcome)(str(outcome))
+        return outcome
+
+    def rerun(self, part: Part, test_id: str) -> PartRun:
+        """``part`` measured again in a job of its own (never bundled, never the first run's values)."""
+        __tracebackhide__ = True
+        key = f"rerun:{part.key}"
+        if key not in self._done:
+            named = part if part.name.endswith("-confirm") else replace(part, name=f"{part.name}-confirm")
+            self._done[key] = self._run_alone(named, test_id)
+        outcome = self._done[key]
         if isinstance(outcome, GpuClusterError):
             raise type(outcome)(str(outcome))
         return outcome

@@ -98,6 +98,12 @@ def _argv_template(text: str) -> tuple[str, ...]:
     return argv
 
 
+def _gate_mode(text: str) -> str:
+    if text not in ("fail", "warn"):
+        raise ValueError(f"expected 'fail' or 'warn', got {text!r}")
+    return text
+
+
 def _percent(text: str) -> float:
     from pytest_gpucluster.profiles.quantities import parse_fraction
 
@@ -111,6 +117,24 @@ def _env_pattern(text: str) -> str:
         return check_pattern(text, "--forward-env")
     except SettingsError as exc:
         raise ValueError(str(exc).removeprefix("--forward-env: ")) from None
+
+
+def _soak_duration(text: str) -> float:
+    """``"10m"``, ``"10min"``, ``"90s"``, ``"1h"`` or a bare number of seconds -> seconds."""
+    from pytest_gpucluster.profiles.quantities import parse_duration
+
+    value = text.strip()
+    if value.replace(".", "", 1).isdigit():
+        value += "s"
+    elif value.endswith("m") and value[:-1].replace(".", "", 1).isdigit():
+        value += "in"  # "10m" is minutes here: a soak is never measured in metres or milliseconds
+    try:
+        seconds = parse_duration(value)
+    except ValueError:
+        raise ValueError(f"expected a duration such as 10m, 90s or 1h, got {text!r}") from None
+    if seconds <= 0:
+        raise ValueError(f"expected a positive duration such as 10m, got {text!r}")
+    return seconds
 
 
 def _path(text: str) -> Path:
@@ -274,12 +298,31 @@ OPTIONS: tuple[_Option, ...] = (
         "RESULTS_JSON",
     ),
     _Option(
+        "--gpucluster-soak",
+        "soak",
+        "burn-in soak: repeat the gated collectives for this long (e.g. 10m, 90s, 1h) and gate the lowest "
+        "busbw and its variation over the window (acceptance/test_fabric.py::test_soak)",
+        None,
+        _soak_duration,
+        "DURATION",
+    ),
+    _Option(
         "--max-regression",
         "max_regression",
-        "largest allowed regression against --baseline, e.g. 5%",
+        "largest allowed regression against --baseline past the baseline's noise, e.g. 5%, for metrics "
+        "the profile's regression: tolerances do not name",
         0.05,
         _percent,
         "PERCENT",
+    ),
+    _Option(
+        "--regression-gate",
+        "regression_gate",
+        "with --baseline: 'fail' (a confirmed regression fails its test) or 'warn' (compared and "
+        "reported, never failed on: runs on different machines)",
+        "fail",
+        _gate_mode,
+        "MODE",
     ),
 )
 
@@ -348,7 +391,9 @@ class Settings:
     train_log: tuple[str, ...]
     nccl_tests_dir: Path | None
     baseline: Path | None
+    soak: float | None
     max_regression: float
+    regression_gate: str = "fail"
     dry_run: bool = False
     drain: bool = False
     reap: bool = False

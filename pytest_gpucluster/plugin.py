@@ -68,13 +68,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"gpucluster: {exc}") from None
     config.stash[SESSION_KEY] = session
     _sigterm_stops_like_ctrl_c(config)
-    if settings.baseline is not None and not session.is_xdist_worker:
-        from pytest_gpucluster.results.baseline import read_results
-
-        try:  # an unreadable baseline fails now, not after an hour of measurements
-            session.baseline = read_results(settings.baseline)
-        except GpuClusterError as exc:
-            raise pytest.UsageError(f"gpucluster: --baseline: {exc}") from None
+    _start_regression_gate(session)
     session.progress = _terminal_writer(config)
     config.pluginmanager.register(_ResultsHooks(session), "gpucluster-results")
     config.pluginmanager.register(_JobSkipsSkipTheTest(), "gpucluster-job-skips")
@@ -85,6 +79,21 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(rank_tests, "gpucluster-rank-tests")
     # world_size(n) tests launch through the session's cluster (built on first use).
     config.stash[rank_tests.CLUSTER_KEY] = lambda: session.cluster
+
+
+def _start_regression_gate(session: GpuClusterSession) -> None:
+    """Every pytest process (xdist workers too) gates the values it records against --baseline;
+    a rank of a world_size test reports to its parent, which gates."""
+    from pytest_gpucluster.rank_tests import on_rank_side
+
+    if session.settings.baseline is None or on_rank_side():
+        return
+    from pytest_gpucluster.results.baseline import read_results
+
+    try:  # an unreadable baseline fails now, not after an hour of measurements
+        session.start_gate(read_results(session.settings.baseline))
+    except GpuClusterError as exc:
+        raise pytest.UsageError(f"gpucluster: --baseline: {exc}") from None
 
 
 def _sigterm_stops_like_ctrl_c(config: pytest.Config) -> None:
@@ -200,7 +209,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def _category(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
-    if excinfo.errisinstance(ThresholdFailure):
+    if excinfo.errisinstance(ThresholdFailure):  # RegressionFailure too
         return "performance"
     if excinfo.errisinstance((JobFailed, LaunchError)):
         return "infrastructure"
@@ -259,7 +268,7 @@ def _outcome(report: pytest.TestReport) -> TestOutcome:
 
 def _category_from_text(report: pytest.TestReport) -> str:
     text = report.longreprtext or ""
-    if "ThresholdFailure" in text:
+    if "ThresholdFailure" in text or "RegressionFailure" in text:
         return "performance"
     if "JobFailed" in text or "LaunchError" in text:
         return "infrastructure"
@@ -273,7 +282,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     from pytest_gpucluster.results.report import finish_run
 
-    finished = finish_run(gc.recorder, gc.results_dir, gc.baseline, gc.settings.max_regression)
+    failed = any(o.category != "pass" and o.outcome in ("failed", "error") for o in gc.recorder.outcomes)
+    mode = "warn" if gc.settings.regression_gate == "warn" else "fail"
+    finished = finish_run(
+        gc.recorder, gc.results_dir, gc.baseline, gc.tolerances, mode=mode, tests_failed=failed
+    )
     gc.finished = finished
     if finished.comparison is not None and finished.comparison.fails and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

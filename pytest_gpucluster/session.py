@@ -42,6 +42,7 @@ from pytest_gpucluster.results.recorder import Recorder
 if TYPE_CHECKING:
     from pytest_gpucluster.launch.leftover_check import LeftoverReport
     from pytest_gpucluster.results.baseline import RunResults
+    from pytest_gpucluster.results.gate import Tolerances
     from pytest_gpucluster.results.report import Finished
 
 RESULTS_DIR_ENV = "_GPUCLUSTER_SESSION_RESULTS_DIR"
@@ -196,7 +197,30 @@ class GpuClusterSession:
                 cuda_available=self.machine.cuda_available,
             ),
             "nccl_env": redact(self.nccl_env),
+            "regression": {"tolerances": self.tolerances.to_json(), "mode": self.settings.regression_gate},
         }
+
+    @cached_property
+    def tolerances(self) -> Tolerances:
+        """The regression gate's tolerances: the profile's ``regression:`` globs, first match wins,
+        then ``--max-regression``."""
+        from pytest_gpucluster.results.gate import ToleranceRule, Tolerances
+
+        model = self.profile.model
+        rules = tuple(
+            ToleranceRule(t.metric, t.tolerance, f"profile {model.name}: regression.tolerances[{i}]")
+            for i, t in enumerate(model.regression.tolerances)
+        )
+        source = f"--max-regression, {self.settings.source('max_regression')}"
+        return Tolerances(self.settings.max_regression, source, rules)
+
+    def start_gate(self, baseline: RunResults) -> None:
+        """Gate every value this process records against ``baseline`` (`Recorder.check_all`)."""
+        from pytest_gpucluster.results.regression import RegressionGate
+
+        self.baseline = baseline
+        mode = "warn" if self.settings.regression_gate == "warn" else "fail"
+        self.recorder.gate = RegressionGate.start(baseline, self.recorder.header, self.tolerances, mode)
 
     @cached_property
     def nccl_env(self) -> dict[str, str]:

@@ -9,7 +9,12 @@ says
 - what the ranks measured (:func:`collect`, from ``collective_data``), and the checks of one case (:func:`collective_checks`):
   busbw per size and placement, the time of each out-of-place point as ``latency``, and the wrong
   elements, the median over ``repeat`` spans gated, the spread recorded, and a hint that names the
-  size, scope, node count and the slowest rank with its host.
+  size, scope, node count and the slowest rank with its host;
+- two summaries of each out-of-place curve for the regression gate (``--baseline``), which judges
+  them though no threshold is set (``Check.baseline_gate``): ``busbw_peak``, the highest busbw of
+  the sweep, and ``busbw_at_max_size``, busbw at the largest size. The other points of an info
+  curve are compared with the baseline and shown, never failed on: one noisy 64 KiB point of seven
+  collectives must not fail a run, a drop of the whole curve shows in its summaries.
 
 **Latency means what nccl-tests' means.** ``max_latency`` is gated on nccl-tests' own output
 (``tool="nccl-tests"``) and on the CPU sweep (gloo, ``perf_counter`` around a loop of blocking
@@ -25,7 +30,7 @@ binaries' output is judged by the same code.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pytest_gpucluster.checks.collective_data import CollectiveData, collect, points_from_runs
@@ -175,6 +180,14 @@ def _hint(where: str, limit: Limit | None) -> str:
     return f"{where}. Threshold: {limit[2]}" if limit and limit[2] else where
 
 
+def _busbw_spread(p: Point) -> Spread | None:
+    """busbw of each repeat of one point (its time per repeat, with the point's bus factor)."""
+    if not p.repeat_time_us or not all(t > 0 for t in p.repeat_time_us):
+        return None
+    factor = p.busbw_gbs / p.algbw_gbs if p.algbw_gbs else 0.0
+    return Spread.of(p.size_bytes / (t * 1e-6) * factor for t in p.repeat_time_us)
+
+
 def _ungated_latency(ceiling: Limit | None) -> str:
     if ceiling is None:
         return ""
@@ -196,10 +209,6 @@ def _point_checks(
 ) -> list[Check]:
     """busbw of one point (both placements); the time of one call at out-of-place points, against
     ``ceiling`` where ``latency_gated`` (module doc: what latency means)."""
-    busbw = [
-        p.size_bytes / (t * 1e-6) * (p.busbw_gbs / p.algbw_gbs if p.algbw_gbs else 0.0)
-        for t in p.repeat_time_us
-    ]
     out = [
         Check(
             f"collectives.{p.collective}.busbw",
@@ -210,7 +219,7 @@ def _point_checks(
             floor[1] if floor else None,
             scope,
             labels,
-            Spread.of(busbw) if busbw and all(t > 0 for t in p.repeat_time_us) else None,
+            _busbw_spread(p),
             _hint(where, floor),
         )
     ]
@@ -231,6 +240,29 @@ def _point_checks(
             )
         )
     return out
+
+
+def _summary_checks(
+    name: str, points: Sequence[Point], scope: str, common: Mapping[str, Any], where: str
+) -> list[Check]:
+    """The curve's peak busbw and its busbw at the largest size (out-of-place), for the gate."""
+    curve = [p for p in points if not p.in_place]
+    if not curve:
+        return []
+    peak = max(curve, key=lambda p: p.busbw_gbs)
+    last = max(curve, key=lambda p: p.size_bytes)
+    return [
+        Check(
+            f"collectives.{name}.busbw_peak", peak.busbw_gbs * 1e9, "B/s", scope=scope, labels=dict(common),
+            spread=_busbw_spread(peak), baseline_gate=True,
+            hint=f"The highest out-of-place busbw of the sweep, at {human_size(peak.size_bytes)}. {where}",
+        ),
+        Check(
+            f"collectives.{name}.busbw_at_max_size", last.busbw_gbs * 1e9, "B/s", scope=scope,
+            labels={"size_bytes": last.size_bytes, **common}, spread=_busbw_spread(last), baseline_gate=True,
+            hint=f"Out-of-place busbw at the sweep's largest size, {human_size(last.size_bytes)}. {where}",
+        ),
+    ]  # fmt: skip
 
 
 def _wrong_check(
@@ -272,10 +304,12 @@ def collective_checks(
     dtype: str,
     origin: str,
     tool: str | None = None,
+    partial: bool = False,
     env: Mapping[str, str] | None = None,
 ) -> list[Check]:
     """What to record and judge for one case: busbw of every point (both placements), the time
-    of every out-of-place point as ``latency``, and the wrong elements summed over the sweep.
+    of every out-of-place point as ``latency``, the wrong elements summed over the sweep, and the
+    curve's two summaries for the regression gate.
 
     The profile's checks set the thresholds of the points at their sizes (out-of-place, as
     nccl-tests numbers are usually quoted); every other value is recorded as information.
@@ -285,11 +319,15 @@ def collective_checks(
     is the NCCL environment the job ran with: its ``NCCL_ALGO`` becomes the ``nccl_algo`` label
     (a forced algorithm is a different series for the baseline), and a floor whose ``algo`` it
     does not allow says so.
+    ``partial``: ``data`` holds some sizes only (the gate's re-measurement of a few points): the
+    profile's checks at other sizes are left out, and so are the curve's summaries.
     """
     name, scope, points = case.collective, case.scope, data.points
     if not points:
         raise JobFailed(f"the sweep of {name} ({scope}) returned no points; {origin}")
     nranks = points[0].nranks
+    if partial:
+        case = _only_measured(case, points, nranks, dtype)
     floor, ceiling = _limits(case, nranks, dtype, profile, env, nodes)
     latency_gated = tool is not None or data.timer not in UNGATED_LATENCY_TIMERS
     missing = sorted((set(floor) | set(ceiling)) - {p.size_bytes for p in points if not p.in_place})
@@ -320,8 +358,23 @@ def collective_checks(
             ceiling.get(p.size_bytes),
             latency_gated,
         )
+    if not partial:
+        where = f"{name} ({dtype}) on {nodes} node(s) x {ranks_per_node} ranks, scope {scope}. Numbers from {origin}"
+        out += _summary_checks(name, points, scope, common, where)
     wrong = _wrong_check(case, data, common, nodes, origin)
     return out + ([wrong] if wrong is not None else [])
+
+
+def _only_measured(case: Case, points: Sequence[Point], nranks: int, dtype: str) -> Case:
+    """``case`` with only the profile checks whose size ``points`` hold."""
+    elt = DTYPE_SIZES.get(dtype, 4)
+    sizes = {p.size_bytes for p in points if not p.in_place}
+    kept = tuple(
+        (i, c)
+        for i, c in case.checks
+        if layout(case.collective, int(c.size), elt, nranks).size_bytes in sizes
+    )
+    return replace(case, checks=kept)
 
 
 def _wrong_ranks(per_rank: Sequence[int] | None, hosts: Sequence[str]) -> str:

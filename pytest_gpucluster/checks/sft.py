@@ -151,6 +151,16 @@ def _loss_checks(build: _CaseChecks, losses: Sequence[float]) -> None:
     )
 
 
+def _per_step(rate: float, value: Mapping[str, Any]) -> Spread | None:
+    """A rate measured over the median step (``rate`` = work / median step time), step by step:
+    the same work over each timed step's time — the noise the regression gate holds a change against."""
+    times = [t for t in value.get("step_times_s") or () if t > 0]
+    median = value.get("step_time_median_s") or 0.0
+    if not times or median <= 0:
+        return None
+    return Spread.of(rate * median / t for t in times)
+
+
 def launched_checks(
     case: SftCase, index: int, profile: ProfileModel, values: Sequence[Mapping[str, Any]], origin: str
 ) -> list[Check]:
@@ -163,17 +173,16 @@ def launched_checks(
         "sft.step_time", slowest["step_time_median_s"], "max_step_time", "s", "<=", speed,
         spread=Spread.of(slowest["step_times_s"]),
     )  # fmt: skip
+    by_samples = min(values, key=lambda v: v["samples_per_s"])
     build.add(
-        "sft.samples_per_s",
-        min(v["samples_per_s"] for v in values),
-        "min_samples_per_s",
-        "samples/s",
-        ">=",
-        speed,
-    )
+        "sft.samples_per_s", by_samples["samples_per_s"], "min_samples_per_s", "samples/s", ">=", speed,
+        spread=_per_step(by_samples["samples_per_s"], by_samples),
+    )  # fmt: skip
+    by_tokens = min(values, key=lambda v: v["tokens_per_s_per_device"])
     build.add(
-        "sft.tokens_per_s_per_gpu", min(v["tokens_per_s_per_device"] for v in values), "min_tokens_per_s_per_gpu",
+        "sft.tokens_per_s_per_gpu", by_tokens["tokens_per_s_per_device"], "min_tokens_per_s_per_gpu",
         "tokens/s", ">=", f"Processed tokens (padding included) per second per device. {speed}",
+        spread=_per_step(by_tokens["tokens_per_s_per_device"], by_tokens),
     )  # fmt: skip
     mfus = [v["mfu"] for v in values if v.get("mfu") is not None]
     if len(mfus) == len(values) or case.min_mfu is not None:

@@ -260,44 +260,12 @@ class Cluster:
             options=options, name=name,
         )  # fmt: skip
         job.job_dir.mkdir(parents=True, exist_ok=False)
-        # Forwarded variables reach the ranks through the launcher; job.json, which stays in the
-        # results directory, keeps only what the job itself sets (no HF_TOKEN copied to disk).
-        own = {**self.default_env, **(env or {})}
-        user_env = {
-            k: v
-            for k, v in job.env.items()
-            if k not in (JOB_ID_ENV, SESSION_ENV, "PYTHONPATH") and (k in own or k not in os.environ)
-        }
-        write_json_atomic(
-            job.job_dir / JOB_FILE,
-            {
-                "job_id": job.job_id,
-                "workload": job.workload,
-                "options": dict(job.options),
-                "backend": job.backend,
-                "timeout_s": job.timeout_s,
-                "hard_deadline_s": job.timeout_s + self.rank_deadline_grace,
-                "env": user_env,
-                "init_process_group": init_process_group,
-                "pick_device": pick_device,
-                "hosts": list(job.hosts),
-                "nproc_per_node": job.nproc_per_node,
-            },
-        )
+        self._write_job_file(job, env, init_process_group=init_process_group, pick_device=pick_device)
         prepare = getattr(self.launcher, "prepare", None)
         if prepare is not None:  # files the commands name (hostfiles), written into the job dir
             prepare(job)
         commands = self.launcher.commands(job)
-        reapers = [
-            LaunchCommand(
-                host=c.host, argv=tuple(job.remote.wrap(c.host, reap_argv(job.python, job.job_id), {}))
-            )
-            for c in commands
-            if c.remote and job.remote is not None and not job.remote.shares_proc
-        ]
-        cancel = getattr(self.launcher, "cancel_commands", None)
-        cancels = list(cancel(job)) if cancel is not None else []  # scancel: stops the job on every node
-        reapers += cancels
+        cancels, reapers = self._cleanup_commands(job, commands)
         launch = LaunchSpec(
             job_id=job.job_id,
             job_dir=job.job_dir,
@@ -324,6 +292,52 @@ class Cluster:
             timeout_s=job.timeout_s,
         )
         return result.raise_on_failure() if check else result
+
+    def _write_job_file(
+        self, job: JobSpec, env: Mapping[str, str] | None, *, init_process_group: bool, pick_device: bool
+    ) -> None:
+        """job.json: what every rank reads at start-up (workload, options, deadlines, its env)."""
+        # Forwarded variables reach the ranks through the launcher; job.json, which stays in the
+        # results directory, keeps only what the job itself sets (no HF_TOKEN copied to disk).
+        own = {**self.default_env, **(env or {})}
+        user_env = {
+            k: v
+            for k, v in job.env.items()
+            if k not in (JOB_ID_ENV, SESSION_ENV, "PYTHONPATH") and (k in own or k not in os.environ)
+        }
+        write_json_atomic(
+            job.job_dir / JOB_FILE,
+            {
+                "job_id": job.job_id,
+                "workload": job.workload,
+                "options": dict(job.options),
+                "backend": job.backend,
+                "timeout_s": job.timeout_s,
+                "hard_deadline_s": job.timeout_s + self.rank_deadline_grace,
+                "env": user_env,
+                "init_process_group": init_process_group,
+                "pick_device": pick_device,
+                "hosts": list(job.hosts),
+                "nproc_per_node": job.nproc_per_node,
+            },
+        )
+
+    def _cleanup_commands(
+        self, job: JobSpec, commands: Sequence[LaunchCommand]
+    ) -> tuple[list[LaunchCommand], list[LaunchCommand]]:
+        """(cancels, reapers): the launcher's cancel (scancel stops the job on every node), and
+        what stops the job on each remote node whose processes this machine cannot see (the
+        cancels included)."""
+        reapers = [
+            LaunchCommand(
+                host=c.host, argv=tuple(job.remote.wrap(c.host, reap_argv(job.python, job.job_id), {}))
+            )
+            for c in commands
+            if c.remote and job.remote is not None and not job.remote.shares_proc
+        ]
+        cancel = getattr(self.launcher, "cancel_commands", None)
+        cancels = list(cancel(job)) if cancel is not None else []
+        return cancels, reapers + cancels
 
 
 def guarded(

@@ -5,18 +5,32 @@
 - a short all_reduce sweep whose per-rank time outside the calls finds late ranks;
 - the same sweep with one rank made slow on purpose: the detector's self-test.
 
-The ECC/XID counters are read with plain launches: they bracket the run, first and last, and
-must not be shared or reordered. Pure: no pytest, no torch.
+The ECC/XID counters and the fabric ports (``FABRIC``, one rank per node) are read with plain
+launches: they bracket the run, first and last, and must not be shared or reordered. So is
+``dcgmi diag`` (``DCGM``, one rank per node): it loads the GPUs for minutes and must not overlap
+other work. The soak's job is ``plans/soak.py``'s. Pure: no pytest, no torch.
 """
 
 from __future__ import annotations
 
 from pytest_gpucluster.harness import Part
 
-__all__ = ["INJECTED_DELAY_S", "STRAGGLER_SWEEP", "health_part", "straggler_sweep_part"]
+__all__ = [
+    "DCGM",
+    "FABRIC",
+    "INJECTED_DELAY_S",
+    "STRAGGLER_SWEEP",
+    "dcgm_options",
+    "fabric_options",
+    "health_part",
+    "straggler_sweep_part",
+]
 
 HEALTH = "pytest_gpucluster.workloads.health:health"
 COUNTERS = "pytest_gpucluster.workloads.health:counters"
+FABRIC = "pytest_gpucluster.workloads.fabric_probe:node_snapshot"
+DCGM = "pytest_gpucluster.workloads.dcgm_diag:diag"
+FABRIC_TIMEOUT_S = 120.0
 SWEEP = "pytest_gpucluster.workloads.collectives:sweep"
 JOB_TIMEOUT_S = 600.0
 STRAGGLER_SWEEP = {
@@ -44,3 +58,13 @@ def straggler_sweep_part(nodes: int, inject_rank: int | None = None) -> Part:
         return Part("burnin-straggler-sweep", SWEEP, STRAGGLER_SWEEP, nodes=nodes, timeout_s=JOB_TIMEOUT_S)
     options = {**STRAGGLER_SWEEP, "inject_delay_s": INJECTED_DELAY_S, "inject_rank": inject_rank}
     return Part("burnin-injected-straggler", SWEEP, options, nodes=nodes, timeout_s=JOB_TIMEOUT_S)
+
+
+def fabric_options() -> dict[str, object]:
+    """Every port and interface of the node, with the root qdisc's drops (``tc -s -j``)."""
+    return {"qdisc": True}
+
+
+def dcgm_options(level: int, timeout_s: float) -> dict[str, object]:
+    """``dcgmi diag -r <level> -j``, given ``timeout_s`` on the node (the job gets a minute more)."""
+    return {"level": level, "timeout_s": timeout_s}

@@ -14,7 +14,7 @@ the user's included, for that job only; the checks record ``NCCL_ALGO`` as the `
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pytest_gpucluster.checks.collectives import Case, scope_nodes
@@ -25,10 +25,12 @@ from pytest_gpucluster.maths.sweep import sweep_sizes
 from pytest_gpucluster.plans.deadlines import DEADLINE_MARGIN, Deadline, explicit_timeout
 from pytest_gpucluster.profiles.nccl_env import scope_env
 from pytest_gpucluster.profiles.schema import ClusterSection, CollectivesSection, ProfileModel, SweepSettings
+from pytest_gpucluster.results.model import Check
 
 __all__ = [
     "WORKLOAD",
     "SweepRequest",
+    "confirmation_part",
     "estimate_sweep_runtime",
     "expected_busbw",
     "job_env",
@@ -237,3 +239,27 @@ def sweep_part(
         timeout_s=deadline.seconds,
         deadline=deadline.text,
     )
+
+
+def confirmation_part(
+    first: Part, case: Case, section: CollectivesSection, suspects: Sequence[Check]
+) -> tuple[Part, bool]:
+    """What the regression gate re-measures for ``suspects`` of ``case`` (a new part, run alone):
+    only their sizes, one one-size sweep each, unless a suspect summarizes the curve (peak busbw,
+    busbw at the largest size), which needs the whole grid again (about twice the largest size's
+    time, sizes growing by a factor). Returns the part, and whether it is the whole grid.
+    The part is ``first`` (the case's sweep part, with its environment and its deadline: some of
+    its sizes take no longer than all of them) with other sweeps."""
+    sizes = {int(s.labels["size_bytes"]) for s in suspects if "size_bytes" in s.labels}
+    whole = any(s.baseline_gate for s in suspects) or not sizes
+    if whole:
+        requests = sweep_requests(case, section.sweep)
+    else:
+        factor = _factor(section.sweep)
+        requests = [SweepRequest(case.collective, size, size, factor) for size in sorted(sizes)]
+    part = replace(
+        first,
+        name=f"{first.name}-confirm",
+        options=job_options(requests, section.sweep, section.repeat),
+    )
+    return part, whole

@@ -24,7 +24,7 @@ What is a threshold (:func:`is_threshold`): every ``min_*``/``max_*`` key outsid
 ``collectives.sweep`` (whose min/max_bytes are settings), the hardware figures the physics checks
 hold thresholds against (``cluster.peak_flops, gpu_memory, memory_bandwidth, nvlink_bandwidth,
 nic_line_rate, nics_per_node``), ``nvlink.links_per_gpu``, ``burnin.straggler_tolerance`` and
-``straggler_min_excess``, and every ``versions:`` pin.
+``straggler_min_excess``, every ``regression.tolerances[i].tolerance``, and every ``versions:`` pin.
 """
 
 from __future__ import annotations
@@ -43,7 +43,12 @@ __all__ = ["Unsourced", "is_threshold", "unsourced_thresholds"]
 _CLUSTER_FIGURES = frozenset(
     {"peak_flops", "gpu_memory", "memory_bandwidth", "nvlink_bandwidth", "nic_line_rate", "nics_per_node"}
 )
-_OTHER = {("nvlink", "links_per_gpu"), ("burnin", "straggler_tolerance"), ("burnin", "straggler_min_excess")}
+_OTHER = {
+    ("nvlink", "links_per_gpu"),
+    ("burnin", "straggler_tolerance"),
+    ("burnin", "straggler_min_excess"),
+    ("regression", "tolerance"),
+}
 
 
 def is_threshold(path: KeyPath) -> bool:

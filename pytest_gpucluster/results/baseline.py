@@ -1,43 +1,47 @@
-"""The regression gate: compare this run's measurements with an earlier results.json.
+"""Two results files side by side: this run's measurements against an earlier results.json.
 
-Pure logic, no pytest: ``read_results`` loads a results file, ``compare_runs`` matches
-measurements on ``Measurement.key`` (metric, scope, labels), decides for each which way is
-better, flags changes beyond the tolerance and diffs the environment fingerprints so a report
-can say *what* changed ("NCCL 2.21.5 -> 2.23.4"). ``comparison_lines`` renders the table that
-both the pytest summary and ``gpucluster compare`` print.
+Pure logic, no pytest: ``read_results`` loads a results file; ``compare_runs`` matches the
+measurements of two runs on ``Measurement.key`` (metric, scope, labels) and judges each pair
+with the gate's rule (``results/gate.py``: the same code the in-run gate uses, so a run made
+with ``--baseline`` and ``gpucluster compare`` on its two files agree), and diffs the
+environment fingerprints so a report can say *what* changed ("NCCL 2.21.5 -> 2.23.4").
+``results/comparison_text.py`` renders the table.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from pytest_gpucluster.errors import GpuClusterError
+from pytest_gpucluster.results.gate import (
+    MetricChange,
+    Tolerances,
+    direction_of,
+    judge_groups,
+    latest_by_key,
+)
 from pytest_gpucluster.results.model import READABLE_VERSIONS, SCHEMA_VERSION, Measurement, TestOutcome
-from pytest_gpucluster.results.text import format_value
 
 __all__ = [
     "BaselineComparison",
+    "EnvChange",
+    "GateMode",
     "MetricChange",
     "ResultsFileError",
     "RunResults",
     "compare_runs",
-    "comparison_lines",
     "direction_of",
+    "environment_diff",
+    "hosts_of",
     "read_results",
 ]
 
-Direction = Literal["higher", "lower"]
-Status = Literal["regression", "improved", "ok", "ungated", "no value"]
-
-_STATUS_ORDER: dict[str, int] = {"regression": 0, "no value": 1, "improved": 2, "ok": 3, "ungated": 4}
-_LOWER_UNITS = frozenset({"s", "ms", "us", "B", "bytes"})
-_HIGHER_UNITS = frozenset({"fraction", "%", "x"})
+GateMode = Literal["fail", "warn"]
+_STATUS_ORDER: dict[str, int] = {"regression": 0, "no value": 1, "improved": 2, "ok": 3, "info": 4}
 _VERSION_NAMES = {"nccl": "NCCL", "cuda": "CUDA", "driver": "driver", "python": "Python"}
 
 
@@ -58,6 +62,11 @@ class RunResults:
     started_at: float | None = None
     baseline: dict[str, Any] | None = None
     """The comparison stored by a run made with ``--baseline`` (``BaselineComparison.to_json``)."""
+    regression: dict[str, Any] | None = None
+    """The gate's settings the run was made with (tolerances, mode), so that ``gpucluster
+    compare`` judges its two files as the run itself did."""
+    fleet: dict[str, Any] | None = None
+    """For a fleet baseline (``gpucluster baseline merge``): the runs it is the median of."""
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], source: str) -> RunResults:
@@ -91,6 +100,8 @@ class RunResults:
             profile=dict(data.get("profile") or {}),
             started_at=data.get("started_at"),
             baseline=data.get("baseline"),
+            regression=data.get("regression"),
+            fleet=data.get("fleet"),
         )
 
 
@@ -108,50 +119,6 @@ def read_results(path: Path) -> RunResults:
     return RunResults.from_json(data, str(path))
 
 
-def direction_of(m: Measurement) -> tuple[Direction | None, str]:
-    """Which way is better, and why: the threshold's comparison first, else the unit."""
-    if m.threshold is not None and m.comparison == ">=":
-        return "higher", "floor (>=)"
-    if m.threshold is not None and m.comparison == "<=":
-        return "lower", "ceiling (<=)"
-    if m.unit.endswith("/s") or m.unit in _HIGHER_UNITS:
-        return "higher", f"unit {m.unit}"
-    if m.unit in _LOWER_UNITS:
-        return "lower", f"unit {m.unit}"
-    return None, f"no direction for unit {m.unit or '(none)'}"
-
-
-@dataclass(frozen=True, slots=True)
-class MetricChange:
-    key: str
-    metric: str
-    scope: str | None
-    labels: dict[str, Any]
-    unit: str
-    old: float | None
-    new: float | None
-    change: float | None
-    """(new - old) / |old|; None when either value is missing."""
-    direction: Direction | None
-    why: str
-    tolerance: float
-    status: Status
-
-    @property
-    def subject(self) -> str:
-        labels = ",".join(f"{k}={v}" for k, v in self.labels.items())
-        parts = [self.metric, f"[{self.scope}]" if self.scope else "", f"({labels})" if labels else ""]
-        return " ".join(p for p in parts if p)
-
-    def sentence(self) -> str:
-        """'metric [scope] (labels): 20 GB/s -> 10 GB/s (-50.0%, allowed -5%)'."""
-        sign = "-" if self.direction == "higher" else "+"
-        return (
-            f"{self.subject}: {fmt_value(self.old, self.unit)} -> {fmt_value(self.new, self.unit)} "
-            f"({fmt_change(self.change)}, allowed {sign}{self.tolerance * 100:g}%)"
-        )
-
-
 @dataclass(frozen=True, slots=True)
 class EnvChange:
     what: str
@@ -166,13 +133,23 @@ class EnvChange:
 class BaselineComparison:
     baseline: str
     current: str
-    tolerance: float
+    tolerances: Tolerances
     changes: tuple[MetricChange, ...]
     only_in_baseline: tuple[str, ...]
     only_in_current: tuple[str, ...]
     environment: tuple[EnvChange, ...]
     machine_changed: tuple[str, ...]
-    """Non-empty when GPU model, GPU count or hosts differ: regressions then warn, not fail."""
+    """GPU model, GPU count or hosts that differ: said in the notes; the gate stays on."""
+    hosts_match: bool = True
+    mode: GateMode = "fail"
+    """``warn`` (``--regression-gate warn``): regressions are reported, the run does not fail."""
+    load: tuple[float | None, float | None] = (None, None)
+    """The 1-minute load average at the start of the baseline and of this run."""
+
+    @property
+    def tolerance(self) -> float:
+        """The default tolerance (``--max-regression``)."""
+        return self.tolerances.default
 
     @property
     def regressions(self) -> tuple[MetricChange, ...]:
@@ -180,87 +157,41 @@ class BaselineComparison:
 
     @property
     def fails(self) -> bool:
-        return bool(self.regressions) and not self.machine_changed
+        return bool(self.regressions) and self.mode == "fail"
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["tolerances"] = self.tolerances.to_json()
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> BaselineComparison:
+        """A comparison a run stored (``results.json: baseline``), of this version or an older one."""
+        tolerances = (
+            Tolerances.from_json(data["tolerances"])
+            if "tolerances" in data
+            else Tolerances(float(data.get("tolerance", 0.05)))
+        )
+        known = set(MetricChange.__dataclass_fields__)
+        changes = []
+        for c in data.get("changes", ()):
+            row = {k: v for k, v in c.items() if k in known}
+            row["status"] = "info" if row.get("status") == "ungated" else row.get("status")
+            row["members"] = tuple(row.get("members") or ())
+            changes.append(MetricChange(**row))
         return cls(
             baseline=data["baseline"],
             current=data["current"],
-            tolerance=float(data["tolerance"]),
-            changes=tuple(MetricChange(**c) for c in data.get("changes", ())),
+            tolerances=tolerances,
+            changes=tuple(changes),
             only_in_baseline=tuple(data.get("only_in_baseline", ())),
             only_in_current=tuple(data.get("only_in_current", ())),
             environment=tuple(EnvChange(**e) for e in data.get("environment", ())),
             machine_changed=tuple(data.get("machine_changed", ())),
+            hosts_match=bool(data.get("hosts_match", True)),
+            mode="warn" if data.get("mode") == "warn" else "fail",
+            load=tuple(data.get("load") or (None, None)),  # type: ignore[arg-type]
         )
-
-    def failure_message(self) -> str:
-        """First line names the worst offenders (it is what one-line summaries show), then all."""
-        regs = self.regressions
-        more = f"; and {len(regs) - 3} more" if len(regs) > 3 else ""
-        lines = [
-            f"{len(regs)} measurement(s) regressed more than {self.tolerance * 100:g}% against baseline "
-            f"{self.baseline}: " + "; ".join(c.sentence() for c in regs[:3]) + more
-        ]
-        lines += [f"  {c.sentence()}" for c in regs]
-        if self.environment:
-            lines.append("  what changed: " + "; ".join(str(e) for e in self.environment))
-        return "\n".join(lines)
-
-
-def _latest_by_key(measurements: tuple[Measurement, ...]) -> dict[str, Measurement]:
-    """The last value recorded per key (a re-run of a point supersedes the earlier one)."""
-    return {m.key: m for m in measurements}
-
-
-def _tolerance_for(metric: str, default: float, overrides: Mapping[str, float]) -> float:
-    for pattern, tolerance in overrides.items():
-        if fnmatch.fnmatchcase(metric, pattern):
-            return tolerance
-    return default
-
-
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
-
-
-def _change(old: Measurement, new: Measurement, tolerance: float) -> MetricChange:
-    # The threshold of the current run says which way is better; the old one stands in when the
-    # new run recorded the value as info only.
-    direction, why = direction_of(new)
-    if direction is None:
-        direction, why = direction_of(old)
-    o, n = _finite(old.value), _finite(new.value)
-    rel: float | None = None
-    if o is not None and n is not None:
-        rel = 0.0 if n == o else (n - o) / abs(o) if o != 0 else math.copysign(math.inf, n)
-    status: Status
-    if rel is None:
-        status = "no value"
-    elif direction is None:
-        status = "ungated"
-    else:
-        worse = -rel if direction == "higher" else rel
-        # A hair of slack so that exactly the tolerance (5.000000001% from float noise) passes.
-        status = "regression" if worse > tolerance + 1e-9 else "improved" if -worse > tolerance else "ok"
-    return MetricChange(
-        key=new.key,
-        metric=new.metric,
-        scope=new.scope,
-        labels=dict(new.labels),
-        unit=new.unit,
-        old=o,
-        new=n,
-        change=rel,
-        direction=direction,
-        why=why,
-        tolerance=tolerance,
-        status=status,
-    )
 
 
 def _order(c: MetricChange) -> tuple[Any, ...]:
@@ -272,31 +203,64 @@ def _order(c: MetricChange) -> tuple[Any, ...]:
     return (_STATUS_ORDER[c.status], c.metric, c.scope or "", labels)
 
 
+def hosts_of(run: RunResults) -> list[str]:
+    return sorted(str(h) for h in run.fingerprint.get("hosts") or [])
+
+
+def superseded(measurements: tuple[Measurement, ...]) -> dict[str, Measurement]:
+    """Per key, the first measurement where a confirmation (``attempt`` 2) came after it."""
+    firsts: dict[str, Measurement] = {}
+    confirmed: set[str] = set()
+    for m in measurements:
+        if m.attempt > 1:
+            confirmed.add(m.key)
+        else:
+            firsts.setdefault(m.key, m)
+    return {k: m for k, m in firsts.items() if k in confirmed}
+
+
+def settings_of(run: RunResults, default: float = 0.05) -> tuple[Tolerances, GateMode]:
+    """The tolerances and mode ``run`` was gated with (``default`` when it stored none)."""
+    stored = run.regression or {}
+    tolerances = Tolerances.from_json(stored["tolerances"]) if "tolerances" in stored else Tolerances(default)
+    return tolerances, "warn" if stored.get("mode") == "warn" else "fail"
+
+
 def compare_runs(
     baseline: RunResults,
     current: RunResults,
-    max_regression: float,
-    overrides: Mapping[str, float] | None = None,
+    tolerances: Tolerances | float,
+    *,
+    mode: GateMode = "fail",
 ) -> BaselineComparison:
-    """Compare every measurement present in both runs; ``overrides`` maps metric globs to tolerances."""
-    old = _latest_by_key(baseline.measurements)
-    new = _latest_by_key(current.measurements)
-    changes = [
-        _change(old[key], new[key], _tolerance_for(new[key].metric, max_regression, overrides or {}))
-        for key in new
-        if key in old
-    ]
-    changes.sort(key=_order)
+    """Judge every value of ``current`` present in ``baseline`` (the last value per key counts:
+    a confirmation supersedes its first try, which the row keeps as ``first``)."""
+    if not isinstance(tolerances, Tolerances):
+        tolerances = Tolerances(float(tolerances))
+    old = latest_by_key(baseline.measurements)
+    new = latest_by_key(current.measurements)
+    hosts_match = hosts_of(baseline) == hosts_of(current)
+    grouped = judge_groups(
+        old, list(new.values()), tolerances, hosts_match=hosts_match, first=superseded(current.measurements)
+    )
     return BaselineComparison(
         baseline=baseline.source,
         current=current.source,
-        tolerance=max_regression,
-        changes=tuple(changes),
-        only_in_baseline=tuple(sorted(k for k in old if k not in new)),
-        only_in_current=tuple(sorted(k for k in new if k not in old)),
+        tolerances=tolerances,
+        changes=tuple(sorted(grouped.changes, key=_order)),
+        only_in_baseline=tuple(sorted(grouped.only_in_baseline)),
+        only_in_current=tuple(sorted(grouped.only_in_current)),
         environment=tuple(environment_diff(baseline, current)),
         machine_changed=tuple(machine_diff(baseline, current)),
+        hosts_match=hosts_match,
+        mode=mode,
+        load=(load_of(baseline), load_of(current)),
     )
+
+
+def load_of(run: RunResults) -> float | None:
+    value = run.fingerprint.get("load_average")
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def _show(value: Any) -> str:
@@ -308,7 +272,7 @@ def _show(value: Any) -> str:
 
 
 def machine_diff(baseline: RunResults, current: RunResults) -> list[str]:
-    """What makes the two runs different machines (then a slower number is no regression verdict)."""
+    """What makes the two runs different machines: GPU model, GPU count, hosts."""
     a, b = baseline.fingerprint, current.fingerprint
     found = []
     for key, what in (("gpu_model", "GPU model"), ("gpu_count", "GPU count")):
@@ -327,6 +291,7 @@ def environment_diff(baseline: RunResults, current: RunResults) -> list[EnvChang
         ("GPU count", a.get("gpu_count"), b.get("gpu_count")),
         ("hosts", sorted(a.get("hosts") or []), sorted(b.get("hosts") or [])),
         ("platform", a.get("platform"), b.get("platform")),
+        ("rank CPU quota", a.get("rank_cpu_quota"), b.get("rank_cpu_quota")),
     ]
     va, vb = a.get("versions") or {}, b.get("versions") or {}
     for name in sorted(set(va) | set(vb)):
@@ -341,94 +306,3 @@ def environment_diff(baseline: RunResults, current: RunResults) -> list[EnvChang
     for name in sorted(set(ea) | set(eb)):
         pairs.append((name, ea.get(name, "(unset)"), eb.get(name, "(unset)")))
     return [EnvChange(what, _show(x), _show(y)) for what, x, y in pairs if _show(x) != _show(y)]
-
-
-def fmt_value(value: float | None, unit: str) -> str:
-    return "n/a" if value is None else format_value(value, unit)
-
-
-def fmt_change(change: float | None) -> str:
-    if change is None:
-        return "n/a"
-    if math.isinf(change):
-        return "+inf%" if change > 0 else "-inf%"
-    return f"{change:+.1%}"
-
-
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]
-    ]
-
-
-COMPARISON_HEADER = ("STATUS", "METRIC", "BASELINE", "NOW", "CHANGE", "DIRECTION")
-
-
-def comparison_row(ch: MetricChange) -> tuple[str, ...]:
-    return (
-        ch.status.upper() if ch.status == "regression" else ch.status,
-        ch.subject,
-        fmt_value(ch.old, ch.unit),
-        fmt_value(ch.new, ch.unit),
-        fmt_change(ch.change),
-        f"{ch.direction} is better ({ch.why})" if ch.direction else ch.why,
-    )
-
-
-def comparison_head(c: BaselineComparison) -> list[str]:
-    return [
-        f"baseline {c.baseline}",
-        f"current  {c.current}",
-        f"tolerance {c.tolerance * 100:g}% (max regression)",
-    ]
-
-
-def comparison_notes(c: BaselineComparison) -> list[str]:
-    """What is missing on either side, what changed in the environment, and the verdict."""
-    lines = []
-    if not c.changes:
-        lines.append("no measurement is present in both runs")
-    if c.only_in_baseline:
-        lines.append(f"missing from this run ({len(c.only_in_baseline)}): " + "; ".join(c.only_in_baseline))
-    if c.only_in_current:
-        lines.append(f"not in the baseline ({len(c.only_in_current)}): " + "; ".join(c.only_in_current))
-    if c.environment:
-        lines.append("what changed: " + "; ".join(str(e) for e in c.environment))
-    else:
-        lines.append("what changed: nothing in the environment fingerprint")
-    n = len(c.regressions)
-    tolerance = f"{c.tolerance * 100:g}%"
-    if c.machine_changed and n:
-        lines.append(
-            f"WARNING: {n} regression(s) beyond {tolerance}, not failing: the machine changed "
-            f"({'; '.join(c.machine_changed)})"
-        )
-    elif n:
-        lines.append(f"FAILED: {n} measurement(s) regressed more than {tolerance}")
-    else:
-        if c.machine_changed:
-            lines.append(f"note: the machine changed ({'; '.join(c.machine_changed)})")
-        lines.append(f"no regression beyond {tolerance} in {len(c.changes)} compared measurement(s)")
-    return lines
-
-
-def comparison_lines(
-    comparison: BaselineComparison, *, show_ok: bool = True, limit: int | None = None
-) -> list[str]:
-    """The comparison as a terminal table: regressions first, then what is missing and what changed.
-
-    ``show_ok=False`` folds the rows within tolerance into a count; ``limit`` caps the rows shown.
-    """
-    c = comparison
-    lines = comparison_head(c)
-    shown = [ch for ch in c.changes if show_ok or ch.status != "ok"][:limit]
-    if shown:
-        lines += _table(COMPARISON_HEADER, [comparison_row(ch) for ch in shown])
-    hidden_ok = 0 if show_ok else sum(ch.status == "ok" for ch in c.changes)
-    cut = len(c.changes) - hidden_ok - len(shown)
-    if cut:
-        lines.append(f"... and {cut} more rows outside tolerance (see the report)")
-    if hidden_ok:
-        lines.append(f"{hidden_ok} more within tolerance")
-    return lines + comparison_notes(c)

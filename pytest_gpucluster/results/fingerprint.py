@@ -12,9 +12,11 @@ import platform
 import socket
 from collections.abc import Mapping
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from pytest_gpucluster.cluster.nccl_names import redact_env
+from pytest_gpucluster.workloads._cgroup import RANK_CGROUP_ENV
 
 _KEPT_PREFIXES = ("NCCL_", "FI_", "UCX_", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME")
 
@@ -67,6 +69,26 @@ def device_versions(cuda_available: bool) -> dict[str, Any]:
     return info
 
 
+def rank_cpu_quota(environ: Mapping[str, str]) -> str | None:
+    """The CPU quota the ranks of this run join (``GPUCLUSTER_RANK_CGROUP``, testbed/cpu_quota.py),
+    as ``0.67 CPUs``; None without one. A deliberate slowdown shows in the environment diff."""
+    path = environ.get(RANK_CGROUP_ENV, "").strip()
+    if not path:
+        return None
+    cgroup = Path(path)
+    try:
+        if (cgroup / "cpu.max").is_file():
+            quota, period = (cgroup / "cpu.max").read_text().split()[:2]
+        else:
+            quota = (cgroup / "cpu.cfs_quota_us").read_text().strip()
+            period = (cgroup / "cpu.cfs_period_us").read_text().strip()
+        if quota in ("max", "-1"):
+            return f"no limit ({path})"
+        return f"{int(quota) / int(period):.3g} CPUs"
+    except (OSError, ValueError) as exc:
+        return f"unreadable ({path}: {exc})"
+
+
 def fingerprint(
     *,
     hosts: list[str],
@@ -84,4 +106,15 @@ def fingerprint(
         "platform": platform.platform(),
         "versions": {**software_versions(), **device_versions(cuda_available)},
         "environment": redact(env),
+        "rank_cpu_quota": rank_cpu_quota(env),
+        "load_average": _load_average(),
     }
+
+
+def _load_average() -> float | None:
+    """The 1-minute load average when the run starts: other work on the machine slows it, which a
+    comparison with a baseline should say (never a verdict: it is shown, not diffed)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None

@@ -11,7 +11,11 @@ Pure data and (de)serialisation; no pytest, no I/O. ``results.json`` is the base
 next regression gate, so its layout is versioned (``schema_version``): version 2 stores the
 threshold's profile key as ``ref: {"profile", "key_path"}`` and the failure hint; version-1
 files (a free-text ``source`` in place of ``ref``) are still read — their ``source`` was prose
-for people and is dropped, so such measurements carry no ``ref``.
+for people and is dropped, so such measurements carry no ``ref``. Two optional keys of version
+2 are written only when they say something: ``baseline_gate`` (a check's own word on whether the
+regression gate judges it) and ``attempt`` (2 for the confirmation of a suspected regression,
+recorded after the first measurement of the same key, which it supersedes); a reader that
+ignores them still takes the last measurement of a key as its value.
 """
 
 from __future__ import annotations
@@ -57,16 +61,23 @@ class Spread:
     mad: float
     n: int
     values: tuple[float, ...] = ()
+    times: tuple[float, ...] = ()
+    """When each value was taken, in seconds from the first (a soak's time series, which the report
+    draws over time); empty for repeats whose moment does not matter."""
 
     @classmethod
-    def of(cls, values: Iterable[float]) -> Spread:
-        """Median, range and median absolute deviation of ``values`` (kept, in their order)."""
+    def of(cls, values: Iterable[float], times: Iterable[float] = ()) -> Spread:
+        """Median, range and median absolute deviation of ``values`` (kept, in their order), and
+        ``times`` when the values are a time series (one per value)."""
         data = tuple(float(v) for v in values)
         if not data:
             raise ValueError("a spread needs at least one value")
+        at = tuple(float(t) for t in times)
+        if at and len(at) != len(data):
+            raise ValueError(f"a time series needs one time per value: {len(at)} times, {len(data)} values")
         median = statistics.median(data)
         mad = statistics.median(abs(v - median) for v in data)
-        return cls(median=median, min=min(data), max=max(data), mad=mad, n=len(data), values=data)
+        return cls(median=median, min=min(data), max=max(data), mad=mad, n=len(data), values=data, times=at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +137,11 @@ class Check:
     spread: Spread | None = None
     hint: str = ""
     """Said after a failure: where the number comes from and what to look at next."""
+    baseline_gate: bool | None = None
+    """Whether the regression gate (``--baseline``) judges this value: None (the default) judges
+    it when it has a floor or a ceiling; True also without one (a curve summary such as peak
+    busbw); False never (shown in the comparison, never failed on: a value relative to its
+    peers, whose own threshold already judges it)."""
 
     def __post_init__(self) -> None:
         if self.comparison not in _COMPARISONS:
@@ -163,11 +179,13 @@ class Measurement(Check):
 
     test_id: str = ""
     time: float = 0.0
+    attempt: int = 1
+    """2 for the confirmation the regression gate measured after a suspected regression."""
 
     @classmethod
-    def of(cls, check: Check, *, test_id: str, time: float) -> Measurement:
+    def of(cls, check: Check, *, test_id: str, time: float, attempt: int = 1) -> Measurement:
         values = {f.name: getattr(check, f.name) for f in fields(Check)}
-        return cls(**values, test_id=test_id, time=time)
+        return cls(**values, test_id=test_id, time=time, attempt=attempt)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -186,6 +204,10 @@ class Measurement(Check):
         }
         if self.hint:
             data["hint"] = self.hint
+        if self.baseline_gate is not None:
+            data["baseline_gate"] = self.baseline_gate
+        if self.attempt != 1:
+            data["attempt"] = self.attempt
         return data
 
     @classmethod
@@ -206,11 +228,25 @@ class Measurement(Check):
             labels=dict(data.get("labels") or {}),
             spread=None
             if spread is None
-            else Spread(**{**spread, "values": tuple(spread.get("values", ()))}),
+            else Spread(
+                **{
+                    **spread,
+                    "values": tuple(spread.get("values", ())),
+                    "times": tuple(spread.get("times", ())),
+                }
+            ),
             hint=str(data.get("hint") or ""),
+            baseline_gate=_optional_bool(data.get("baseline_gate")),
             test_id=str(data.get("test_id", "")),
             time=float(data.get("time") or 0.0),
+            attempt=int(data.get("attempt") or 1),
         )
+
+
+def _optional_bool(value: Any) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise ValueError(f"baseline_gate must be true, false or null, got {value!r}")
 
 
 def _spread_json(spread: Spread) -> dict[str, Any]:
@@ -221,6 +257,7 @@ def _spread_json(spread: Spread) -> dict[str, Any]:
         "mad": spread.mad,
         "n": spread.n,
         "values": list(spread.values),
+        **({"times": list(spread.times)} if spread.times else {}),
     }
 
 

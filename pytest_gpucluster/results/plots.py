@@ -7,7 +7,11 @@ where a rank/host label does.
 - a measurement with a ``rank``, ``host`` or ``node`` label joins a bar chart of its metric, scope
   and other labels, the worst bar highlighted;
 - what remains of ``sft.*`` and ``scaling.*`` (step time, throughput, efficiency per case) and any
-  other metric with several values becomes a bar chart across its labels.
+  other metric with several values becomes a bar chart across its labels;
+- a measurement whose spread is a time series (``Spread.times``: the soak) joins a chart over time
+  of its metric, scope and point, one line per node, node pair or group, the threshold dashed and
+  the samples below it marked;
+- per-port counters, per-GPU verdicts and the soak's variation (``NEVER_PLOTTED``) are tables only.
 
 matplotlib is imported lazily and only through ``Figure`` + Agg (no pyplot, no global backend);
 ``unavailable()`` says why there are no plots when it is missing.
@@ -31,6 +35,11 @@ __all__ = ["MAX_PLOTS", "Plot", "render_plots", "unavailable"]
 X_LABELS = ("size_bytes", "nodes", "to_nodes", "world_size", "ranks", "gpus")
 """Labels that make a curve, in order of preference; size_bytes gets a log2 axis."""
 BAR_LABELS = ("rank", "host", "node", "gpu", "pair")
+LINE_LABELS = ("pair", "node", "host", "nodes")
+"""Labels that name the line of a time series (who), not its chart."""
+NEVER_PLOTTED = ("fabric.", "burnin.dcgm", "burnin.soak.busbw_cv")
+"""Tables, not charts: per-port counters, per-GPU verdicts, and the soak's variation (one number per
+series, whose samples the lowest-busbw chart already draws over time)."""
 ALWAYS_PLOTTED = ("sft.", "scaling.")
 FAMILIES = ("collectives.", "nccl.", "nvlink.", "burnin.", "sft.", "scaling.")
 """Chart order in the report: communication first, then training."""
@@ -90,7 +99,7 @@ def _human_bytes(value: float, _pos: Any = None) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _Group:
-    kind: str  # "curve" or "bars"
+    kind: str  # "curve", "bars" or "series"
     metric: str
     scope: str | None
     axis: str  # the x label (curve, bars) or "" for bars across label combinations
@@ -103,7 +112,14 @@ def group_measurements(measurements: Sequence[Measurement]) -> list[_Group]:
     curves: dict[tuple[Any, ...], list[Measurement]] = defaultdict(list)
     bars: dict[tuple[Any, ...], list[Measurement]] = defaultdict(list)
     rest: dict[tuple[Any, ...], list[Measurement]] = defaultdict(list)
+    series: dict[tuple[Any, ...], list[Measurement]] = defaultdict(list)
     for m in measurements:
+        if m.metric.startswith(NEVER_PLOTTED):
+            continue
+        if m.spread is not None and m.spread.times:
+            point = {k: v for k, v in m.labels.items() if k not in LINE_LABELS}
+            series[(m.metric, m.scope, "time_s", _label_text(point))].append(m)
+            continue
         bar_label = next((k for k in BAR_LABELS if k in m.labels), None)
         x_label = next((k for k in X_LABELS if _numeric(m.labels.get(k)) is not None), None)
         if bar_label is not None:
@@ -122,6 +138,8 @@ def group_measurements(measurements: Sequence[Measurement]) -> list[_Group]:
             rest[(metric, scope, "", "")].extend(members)
     for (metric, scope, axis, fixed), members in bars.items():
         groups.append(_Group("bars", metric, scope, axis, fixed, tuple(members)))
+    for (metric, scope, axis, fixed), members in series.items():
+        groups.append(_Group("series", metric, scope, axis, fixed, tuple(members)))
     for (metric, scope, _, _), members in rest.items():
         if len(members) >= 2 or metric.startswith(ALWAYS_PLOTTED):
             groups.append(_Group("bars", metric, scope, "", "", tuple(members)))
@@ -134,7 +152,11 @@ def _family(metric: str) -> int:
 
 
 def _title(g: _Group) -> str:
-    parts = [g.metric, f"[{g.scope}]" if g.scope else "", f"({g.fixed})" if g.fixed else ""]
+    parts = [
+        f"{g.metric} over time" if g.kind == "series" else g.metric,
+        f"[{g.scope}]" if g.scope else "",
+        f"({g.fixed})" if g.fixed else "",
+    ]
     return " ".join(p for p in parts if p)
 
 
@@ -253,6 +275,30 @@ def _draw_bars(ax: Any, g: _Group, factor: float) -> str:
     return caption
 
 
+def _draw_series(ax: Any, g: _Group, factor: float) -> str:
+    """One line per node, pair or group over the window; samples below the threshold marked."""
+    below = 0
+    for m in sorted(g.members, key=lambda m: _label_text(m.labels)):
+        assert m.spread is not None
+        who = {k: v for k, v in m.labels.items() if k in LINE_LABELS}
+        name = _label_text(who) or m.metric
+        (line,) = ax.plot(m.spread.times, [v / factor for v in m.spread.values], linewidth=1, label=name)
+        if m.threshold is not None and m.comparison == ">=":
+            low = [(t, v) for t, v in zip(m.spread.times, m.spread.values, strict=True) if v < m.threshold]
+            below += len(low)
+            ax.axhline(m.threshold / factor, color=line.get_color(), linestyle="--", linewidth=1, alpha=0.8)
+            if low:
+                ax.scatter(
+                    [t for t, _ in low], [v / factor for _, v in low], color="red", marker="x", s=30, zorder=5
+                )
+    ax.set_xlabel("seconds into the soak")
+    ax.legend(fontsize=7, loc="best")
+    lines = len(g.members)
+    return f"{lines} series over time" + (
+        f"; {below} samples below the floor (red x, floor dashed)" if below else ""
+    )
+
+
 def render_plots(
     measurements: Sequence[Measurement],
     baseline: Mapping[str, float | None] | None = None,
@@ -272,9 +318,14 @@ def render_plots(
         ax = fig.add_subplot()
         unit = g.members[0].unit
         factor, shown = _scale(unit, [m.value for m in g.members if math.isfinite(m.value)])
-        caption = (
-            _draw_curve(ax, g, factor, baseline or {}) if g.kind == "curve" else _draw_bars(ax, g, factor)
-        )
+        if g.kind == "series":
+            values = [v for m in g.members if m.spread for v in m.spread.values if math.isfinite(v)]
+            factor, shown = _scale(unit, values)
+            caption = _draw_series(ax, g, factor)
+        elif g.kind == "curve":
+            caption = _draw_curve(ax, g, factor, baseline or {})
+        else:
+            caption = _draw_bars(ax, g, factor)
         title = _title(g)
         ax.set_title(title, fontsize=9)
         ax.set_ylabel(shown)

@@ -1,5 +1,6 @@
 """The one place a measured value is asserted: `Recorder.check_all` records every `Check`, then fails
-once, listing all that failed.
+once, listing all that failed — each threshold missed and, with ``--baseline``, each regression
+the gate confirmed (``results/regression.py``: a suspect is re-measured once before it fails).
 
 Every number a test looked at lands in ``results.json`` (pass or fail), and the file is rewritten
 atomically after every check and every test, so a run cut short (Ctrl-C, a killed node, a
@@ -12,19 +13,26 @@ import json
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_gpucluster.errors import GpuClusterWarning
 from pytest_gpucluster.results.model import SCHEMA_VERSION, Check, Measurement, TestOutcome
+from pytest_gpucluster.results.regression import RegressionGate, Remeasure
 from pytest_gpucluster.results.text import failure_message
 
-__all__ = ["NotMeasured", "Recorder", "ThresholdFailure"]
+__all__ = ["NotMeasured", "Recorder", "RegressionFailure", "ThresholdFailure"]
 
 
 class ThresholdFailure(AssertionError):
     """A measured value missed its threshold (a performance failure, not a crash)."""
+
+
+class RegressionFailure(ThresholdFailure):
+    """A value regressed against the baseline, and its re-measurement too (a performance failure)."""
 
 
 class NotMeasured(AssertionError):
@@ -46,37 +54,68 @@ class Recorder:
     persist: bool = True
     """False in pytest-xdist workers: the controller alone owns results.json (measurements reach it
     on the test reports), so a worker never overwrites the file with its partial view."""
+    gate: RegressionGate | None = None
+    """The regression gate when the run has a ``--baseline``."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __repr__(self) -> str:
         return f"<Recorder {self.path} ({len(self.measurements)} measurements)>"
 
-    def check_all(self, checks: Iterable[Check], *, footer: str = "") -> list[Measurement]:
+    def check_all(
+        self, checks: Iterable[Check], *, footer: str = "", remeasure: Remeasure | None = None
+    ) -> list[Measurement]:
         """Record every check, then fail once, listing every check that failed (not just the first).
 
         A failed check with no measured value (NaN: the profile sets a threshold the run could not
         measure) is listed after the misses; when it is the only kind of failure the error is a
         `NotMeasured` (a set-up gap), otherwise a `ThresholdFailure`. ``footer`` is said once after
         the failures (a table they share).
+
+        With a baseline, each gated value is judged against it as it is recorded; a suspected
+        regression is measured again through ``remeasure`` (given the suspect checks, it returns
+        fresh ones), the confirmation is recorded too, and the test fails (`RegressionFailure`)
+        only when the confirmation regresses as well. Returns the first measurements.
         """
         __tracebackhide__ = True
+        recorded = self._record(checks)
+        regression_lines: tuple[str, ...] = ()
+        confirmations: tuple[Measurement, ...] = ()
+        if self.gate is not None:
+            review = self.gate.review(recorded, remeasure, test_id=self.current_test)
+            confirmations = review.confirmations
+            self._record(confirmations)
+            regression_lines = review.lines
+        judged = [*recorded, *confirmations]
+        missed = [failure_message(m) for m in judged if m.failed and m.measured]
+        unmeasured = [failure_message(m) for m in judged if m.failed and not m.measured]
+        lines = [*missed, *unmeasured]
+        if lines and footer:
+            lines.append(footer)
+        if regression_lines and self.gate is not None and self.gate.mode == "warn":
+            warnings.warn(GpuClusterWarning("\n".join(regression_lines)), stacklevel=2)
+            regression_lines = ()
+        if regression_lines:
+            raise RegressionFailure("\n".join([*regression_lines, *lines]))
+        if missed:
+            raise ThresholdFailure("\n".join(lines))
+        if unmeasured:
+            raise NotMeasured("\n".join(lines))
+        return recorded
+
+    def _record(self, checks: Iterable[Check | Measurement]) -> list[Measurement]:
         now = time.time()
-        recorded = [Measurement.of(c, test_id=self.current_test, time=now) for c in checks]
+        recorded = [
+            c if isinstance(c, Measurement) else Measurement.of(c, test_id=self.current_test, time=now)
+            for c in checks
+        ]
+        if not recorded:
+            return recorded
         with self._lock:
             self.measurements.extend(recorded)
         if self.on_measurement is not None:
             for measurement in recorded:
                 self.on_measurement(measurement)
         self.flush()
-        missed = [failure_message(m) for m in recorded if m.failed and m.measured]
-        unmeasured = [failure_message(m) for m in recorded if m.failed and not m.measured]
-        lines = [*missed, *unmeasured]
-        if lines and footer:
-            lines.append(footer)
-        if missed:
-            raise ThresholdFailure("\n".join(lines))
-        if unmeasured:
-            raise NotMeasured("\n".join(lines))
         return recorded
 
     def check(

@@ -17,16 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_gpucluster.results.baseline import (
+from pytest_gpucluster.results.baseline import BaselineComparison, GateMode, RunResults, compare_runs
+from pytest_gpucluster.results.comparison_text import (
     COMPARISON_HEADER,
-    BaselineComparison,
-    RunResults,
-    compare_runs,
     comparison_head,
     comparison_lines,
     comparison_notes,
     comparison_row,
+    regression_sentence,
 )
+from pytest_gpucluster.results.gate import Tolerances
 from pytest_gpucluster.results.model import TestOutcome
 from pytest_gpucluster.results.plots import Plot, render_plots, unavailable
 from pytest_gpucluster.results.recorder import Recorder
@@ -39,7 +39,8 @@ from pytest_gpucluster.results.summary import (
 __all__ = ["BASELINE_TEST_ID", "CSV_COLUMNS", "Finished", "ReportFiles", "finish_run", "write_reports"]
 
 BASELINE_TEST_ID = "gpucluster::baseline"
-"""The test id of the synthetic outcome that a regression beyond tolerance adds to results.json."""
+"""The test id of the synthetic outcome added to results.json when the comparison at the end finds
+a regression that no test failed on (a value recorded outside ``check_all``'s gate)."""
 
 CSV_COLUMNS = (
     "test_id",
@@ -57,6 +58,7 @@ CSV_COLUMNS = (
     "mad",
     "repeats",
     "threshold_key",
+    "attempt",
     "baseline",
     "change",
     "baseline_status",
@@ -125,13 +127,20 @@ def _blocks(
             blocks += [("h2", f"{heading}: {len(failed)}"), ("table", ("test", "message"), rows, None)]
     if comparison is not None:
         blocks += [("h2", "Comparison with the baseline"), ("pre", comparison_head(comparison))]
-        shown = [c for c in comparison.changes if c.status != "ok"]
+        shown = [c for c in comparison.changes if c.status not in ("ok", "info")]
         if shown:
             rows = [comparison_row(c) for c in shown]
             blocks.append(("table", tuple(h.lower() for h in COMPARISON_HEADER), rows, 0))
-        within = len(comparison.changes) - len(shown)
-        if within:
-            blocks.append(("p", f"{within} more within tolerance (each in summary.csv: baseline, change)."))
+        gated = sum(c.status == "ok" for c in comparison.changes)
+        info = sum(c.status == "info" for c in comparison.changes)
+        if gated or info:
+            blocks.append(
+                (
+                    "p",
+                    f"{gated} more gated within tolerance, {info} more compared but not gated (every row in "
+                    "summary.csv: baseline, change, status).",
+                )
+            )
         blocks.append(("pre", comparison_notes(comparison)))
     blocks.append(("h2", "Plots"))
     if note:
@@ -230,7 +239,7 @@ def _html(verdict: str, blocks: list[Block]) -> str:
 
 
 def _csv(run: RunResults, comparison: BaselineComparison | None) -> str:
-    changes = {c.key: c for c in comparison.changes} if comparison is not None else {}
+    changes = {k: c for c in comparison.changes for k in c.members} if comparison is not None else {}
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
@@ -250,6 +259,7 @@ def _csv(run: RunResults, comparison: BaselineComparison | None) -> str:
                 m.verdict,
                 *(("", "", "", "", "") if s is None else (s.median, s.min, s.max, s.mad, s.n)),
                 "" if m.ref is None else str(m.ref),
+                m.attempt,
                 "" if c is None or c.old is None else repr(c.old),
                 "" if c is None or c.change is None else f"{c.change:.6g}",
                 "" if c is None else c.status,
@@ -272,7 +282,11 @@ def write_reports(
         comparison = BaselineComparison.from_json(run.baseline)
     out_dir.mkdir(parents=True, exist_ok=True)
     note = unavailable()
-    old_values = {c.key: c.old for c in comparison.changes} if comparison is not None else {}
+    old_values = (
+        {c.key: c.old for c in comparison.changes if c.basis != "median over hosts"}
+        if comparison is not None
+        else {}
+    )
     plots = [] if note else render_plots(run.measurements, old_values)
     plot_paths: list[Path] = []
     if plots:
@@ -318,28 +332,35 @@ class Finished:
 
 
 def finish_run(
-    recorder: Recorder, out_dir: Path, baseline: RunResults | None, max_regression: float
+    recorder: Recorder,
+    out_dir: Path,
+    baseline: RunResults | None,
+    tolerances: Tolerances | float,
+    *,
+    mode: GateMode = "fail",
+    tests_failed: bool = False,
 ) -> Finished:
-    """The end of a pytest session: gate against the baseline, then write the reports.
+    """The end of a pytest session: compare with the baseline, then write the reports.
 
-    A regression beyond tolerance on the same machine becomes a failed outcome (category
-    performance) in results.json; the comparison itself is stored under ``baseline`` so
-    ``gpucluster report`` can show it again. A report that cannot be written is an error line in
-    the summary, never a lost results.json.
+    The tests have already been gated value by value (``check_all``); this comparison is the same
+    judgement over the whole run (``gpucluster compare`` gives it again from the two files), stored
+    under ``baseline`` so ``gpucluster report`` can show it. A regression it finds while no test
+    failed (a value recorded outside the gate) becomes a failed outcome, category performance. A
+    report that cannot be written is an error line in the summary, never a lost results.json.
     """
     comparison = None
     if baseline is not None:
         current = RunResults.from_json(recorder.to_json(), str(recorder.path))
-        comparison = compare_runs(baseline, current, max_regression)
+        comparison = compare_runs(baseline, current, tolerances, mode=mode)
         recorder.header["baseline"] = comparison.to_json()
-        if comparison.fails:
+        if comparison.fails and not tests_failed:
             recorder.add_outcome(
                 TestOutcome(
                     test_id=BASELINE_TEST_ID,
                     outcome="failed",
                     category="performance",
                     duration_s=0.0,
-                    message=comparison.failure_message(),
+                    message=_unreported(comparison),
                 )
             )
     recorder.flush()
@@ -348,3 +369,18 @@ def finish_run(
         return Finished(comparison, write_reports(run, out_dir, comparison))
     except Exception as exc:  # a plotting bug or a full disk must not hide the test results
         return Finished(comparison, None, f"could not be written to {out_dir}: {type(exc).__name__}: {exc}")
+
+
+def _unreported(comparison: BaselineComparison) -> str:
+    """First line names the worst offenders (one-line summaries show it), then all."""
+    regs = comparison.regressions
+    more = f"; and {len(regs) - 3} more" if len(regs) > 3 else ""
+    lines = [
+        f"{len(regs)} measurement(s) regressed against baseline {comparison.baseline}: "
+        + "; ".join(c.subject for c in regs[:3])
+        + more
+    ]
+    lines += [f"  {regression_sentence(c)}" for c in regs]
+    if comparison.environment:
+        lines.append("  what changed: " + "; ".join(str(e) for e in comparison.environment))
+    return "\n".join(lines)

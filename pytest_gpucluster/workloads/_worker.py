@@ -36,6 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pytest_gpucluster.workloads._cgroup import join_rank_cgroup
 from pytest_gpucluster.workloads._parent_death import die_with_parent
 from pytest_gpucluster.workloads._runtime import (
     JOB_FILE,
@@ -186,6 +187,9 @@ def run(job_dir: Path) -> int:
     exit_code = 0
     gpu: dict[str, Any] = {}
     try:
+        # A CPU quota on the ranks (testbed/cpu_quota.py), before torch starts its threads.
+        if cgroup := join_rank_cgroup():
+            record["cgroup"] = cgroup
         device = _pick_device(identity, backend, gpu) if job.get("pick_device", True) else "cpu"
         if gpu:
             record["gpu"] = gpu

@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["IB_PORT_ATTRS", "NET_ATTRS", "read_interface", "read_qdisc", "snapshot"]
+__all__ = ["IB_PORT_ATTRS", "NET_ATTRS", "node_snapshot", "read_interface", "read_qdisc", "snapshot"]
 
 IB_PORT_ATTRS = ("state", "phys_state", "rate", "link_layer")
 NET_ATTRS = ("operstate", "speed", "mtu")
@@ -175,6 +175,15 @@ def snapshot(
         "infiniband": read_ib_ports(root),
         "net": {name: read_interface(root, name, qdisc=qdisc, tc=tc_path) for name in names},
     }
+
+
+def node_snapshot(ctx: Any) -> dict[str, Any]:
+    """The workload (``pytest_gpucluster.workloads.fabric_probe:node_snapshot``, one rank per node):
+    this node's reading, named by the rank's host name. Options: ``sysfs_root``, ``qdisc``."""
+    options = ctx.options
+    return snapshot(
+        str(options.get("sysfs_root", "/sys")), qdisc=bool(options.get("qdisc", True)), node=ctx.host
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

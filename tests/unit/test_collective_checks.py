@@ -27,13 +27,14 @@ from pytest_gpucluster.parsers.nccl_tests import parse
 from pytest_gpucluster.plans.collectives import (
     WORKLOAD,
     SweepRequest,
+    confirmation_part,
     job_options,
     job_timeout,
     sweep_part,
     sweep_requests,
 )
 from pytest_gpucluster.profiles.schema import CollectivesSection
-from pytest_gpucluster.results.model import ThresholdRef
+from pytest_gpucluster.results.model import Check, ThresholdRef
 from pytest_gpucluster.results.recorder import Recorder, ThresholdFailure
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nccl_tests"
@@ -419,3 +420,65 @@ def test_run_command_reports_a_failed_binary_with_its_log(tmp_path):
         run_command(
             build_command(binary, ["localhost"], 2, env={}, **common), tmp_path / "ar.log", timeout_s=60
         )
+
+
+# ------------------------------------------------------------------------------- the regression gate
+
+
+def test_each_curve_gets_a_peak_and_a_largest_size_summary_the_gate_judges():
+    case = ar_case(*AR_CHECKS)
+    gs = by_metric(
+        collective_checks(
+            case, measured()["all_reduce"], profile="cpu-local", nodes=1, dtype="float32", origin="J"
+        )
+    )
+    (peak,) = gs["collectives.all_reduce.busbw_peak"]
+    (last,) = gs["collectives.all_reduce.busbw_at_max_size"]
+    points = {
+        g.labels["size_bytes"]: g
+        for g in gs["collectives.all_reduce.busbw"]
+        if g.labels["placement"] == "out_of_place"
+    }
+    best = max(points.values(), key=lambda g: g.value)
+    assert peak.value == best.value and peak.spread == best.spread and "at 16 MiB" in peak.hint
+    assert last.value == points[16 * MiB].value and last.labels["size_bytes"] == 16 * MiB
+    assert peak.labels == {"collective": "all_reduce", "dtype": "float32", "nodes": 1}
+    assert (peak.threshold, peak.baseline_gate, last.baseline_gate) == (None, True, True)
+    assert all(g.baseline_gate is None for g in gs["collectives.all_reduce.busbw"])  # points: shown only
+
+
+def test_a_partial_remeasurement_keeps_the_checks_of_its_sizes_and_no_summaries():
+    case = ar_case(*AR_CHECKS)  # checks at 16 MiB and 1 KiB
+    only_big = collect(job_values([[rank_value(r, "all_reduce", [16 * MiB], GRID)] for r in (0, 1)]))
+    with pytest.raises(JobFailed, match="no measurement at the checked size"):
+        collective_checks(case, only_big["all_reduce"], profile="p", nodes=1, dtype="float32", origin="J")
+    gs = by_metric(
+        collective_checks(
+            case, only_big["all_reduce"], profile="p", nodes=1, dtype="float32", origin="J", partial=True
+        )
+    )
+    (busbw,) = [g for g in gs["collectives.all_reduce.busbw"] if g.labels["placement"] == "out_of_place"]
+    assert busbw.threshold == pytest.approx(0.3e9) and busbw.labels["size_bytes"] == 16 * MiB
+    assert (
+        "collectives.all_reduce.busbw_peak" not in gs and "collectives.all_reduce.busbw_at_max_size" not in gs
+    )
+
+
+def test_confirmation_part_sweeps_only_the_suspect_sizes_unless_a_summary_is_suspect():
+    sec = section(*AR_CHECKS)
+    case = cases(sec)[0]
+    first = sweep_part(case, sec, 1, "gloo")
+    point = Check("collectives.all_reduce.busbw", 1.0, "B/s", 1.0, labels={"size_bytes": 16 * MiB})
+    part, whole = confirmation_part(first, case, sec, [point])
+    assert not whole and part.name == "collectives-all_reduce-intra-node-confirm"
+    assert [(s["min_bytes"], s["max_bytes"]) for s in part.options["sweeps"]] == [(16 * MiB, 16 * MiB)]
+    assert (part.workload, part.nodes, part.env, part.timeout_s) == (
+        first.workload,
+        first.nodes,
+        first.env,
+        first.timeout_s,
+    )
+    assert part.key != first.key
+    peak = Check("collectives.all_reduce.busbw_peak", 1.0, "B/s", baseline_gate=True)
+    part, whole = confirmation_part(first, case, sec, [point, peak])
+    assert whole and part.options["sweeps"] == first.options["sweeps"]

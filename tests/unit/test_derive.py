@@ -94,13 +94,20 @@ def test_derived_profile_gates_every_measured_threshold_at_the_margin(cpu_run, t
     assert profile.name == "my-cpu" and profile.model.extends == "cpu-local"
     assert profile.chain[1] == shipped_thresholds_dir() / "cpu-local.yaml"
     assert profile.model.cluster.backend == "gloo"  # carried over through extends
-    checks = {(c.collective, c.size): c for c in profile.model.collectives.checks}
-    measured = {("all_reduce", 16 * 2**20), ("all_reduce", 1024), ("all_gather", 4 * 2**20)}
-    parents = {(c.collective, c.size) for c in load_profile("cpu-local").model.collectives.checks}
+    checks = {(c.collective, c.size, c.scope): c for c in profile.model.collectives.checks}
+    intra = "intra-node"
+    measured = {
+        ("all_reduce", 16 * 2**20, intra),
+        ("all_reduce", 1024, intra),
+        ("all_gather", 4 * 2**20, intra),
+    }
+    parents = {(c.collective, c.size, c.scope) for c in load_profile("cpu-local").model.collectives.checks}
     assert set(checks) == measured | parents  # the parent's unmeasured checks are kept
-    assert checks["all_reduce", 16 * 2**20].min_busbw == pytest.approx(1.11e9)  # 1.2345 x 0.9, rounded down
-    assert checks["all_reduce", 1024].max_latency == pytest.approx(495e-6)  # 450 us x 1.1
-    assert checks["all_gather", 4 * 2**20].min_busbw == pytest.approx(0.81e9)
+    assert checks["all_reduce", 16 * 2**20, intra].min_busbw == pytest.approx(
+        1.11e9
+    )  # 1.2345 x 0.9, rounded down
+    assert checks["all_reduce", 1024, intra].max_latency == pytest.approx(495e-6)  # 450 us x 1.1
+    assert checks["all_gather", 4 * 2**20, intra].min_busbw == pytest.approx(0.81e9)
     assert all(
         checks[k].source.startswith("derived from results.json of 2026-01-01 00:00 UTC") for k in measured
     )
@@ -147,10 +154,12 @@ def test_several_runs_need_from_baseline_and_give_the_median(tmp_path):
         derive_files(runs, name="fleet", margin_text="10%", from_baseline=False, out=tmp_path / "f.yaml")
     out = tmp_path / "fleet.yaml"
     derive_files(runs, name="fleet", margin_text="10%", from_baseline=True, out=out, echo=lambda _: None)
-    measured, kept = load_profile(str(out)).model.collectives.checks
+    measured, *kept = load_profile(str(out)).model.collectives.checks
     assert measured.min_busbw == pytest.approx(0.99e9)  # median 1.1 GB/s x 0.9
-    parent = load_profile("cpu-local").model.collectives.checks[1]
-    assert (kept.size, kept.max_latency) == (parent.size, pytest.approx(parent.max_latency))  # the parent's
+    parents = load_profile("cpu-local").model.collectives.checks[1:]
+    assert [(k.size, k.scope, k.max_latency, k.min_busbw) for k in kept] == [  # the parent's, unchanged
+        (p.size, p.scope, p.max_latency, p.min_busbw) for p in parents
+    ]
     text = out.read_text()
     assert "median 1.1GB/s of 3 runs (1GB/s, 1.3GB/s, 1.1GB/s)" in text
     assert text.count("# Source run:") == 3

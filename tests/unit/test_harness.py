@@ -168,3 +168,20 @@ def test_a_job_that_cannot_launch_fails_every_part_of_it(tmp_path):
     for p in (HEALTH, SWEEP):
         with pytest.raises(LaunchError, match="torchrun not found"):
             jobs.run(p, "t")
+
+
+def test_rerun_measures_a_part_again_alone_once_per_part_and_names_it_a_confirmation(tmp_path):
+    cluster = FakeCluster(tmp_path)
+    first, other = part("sft-a"), part("sft-b")
+    jobs = SharedJobs(cluster, upcoming=lambda: [first, other])
+    original = jobs.run(first, "t::sft")
+    assert [c["workload"] for c in cluster.calls] == [BUNDLE_WORKLOAD]
+    again = jobs.rerun(first, "t::sft")
+    assert again.job_id != original.job_id and cluster.calls[-1]["name"] == "sft-a-confirm"
+    assert cluster.calls[-1]["workload"] == "pkg.mod:sft_a"  # alone, never bundled with what is upcoming
+    assert jobs.rerun(first, "t::scaling") is again  # a second test confirming the same part shares it
+    assert jobs.run(first, "t::later") is original  # the first run's values are untouched
+    assert len(cluster.calls) == 2
+    cluster.fail = "sft-b-confirm"
+    with pytest.raises(JobFailed, match="boom"):
+        jobs.rerun(other, "t::sft-b")

@@ -217,16 +217,22 @@ def test_finish_run_gates_records_the_comparison_and_writes_reports(tmp_path):
     saved = json.loads(recorder.path.read_text())
     gate = saved["outcomes"][-1]
     assert (gate["test_id"], gate["outcome"], gate["category"]) == (BASELINE_TEST_ID, "failed", "performance")
-    assert "6 measurement(s) regressed more than 5%" in gate["message"]
-    assert "-50.0%" in gate["message"]
-    assert len(saved["baseline"]["changes"]) == 6
+    # no test failed on them (recorded outside the gate), so the end of the run does
+    assert gate["message"].startswith("2 measurement(s) regressed against baseline ")
+    assert "(median change -50.0%)" in gate["message"]
+    assert len(saved["baseline"]["changes"]) == 6  # 2 gated (a floor), 4 info points shown
     args = finished.summary_args()
-    assert any(line.startswith("FAILED: 6 measurement(s) regressed") for line in args["comparison_lines"])
+    assert any(line.startswith("FAILED: 2 measurement(s) regressed") for line in args["comparison_lines"])
     page = (tmp_path / "run" / "report.html").read_text()
     assert "Comparison with the baseline" in page and "REGRESSION" in page
     rows = list(csv.DictReader((tmp_path / "run" / "summary.csv").open()))
-    assert {r["baseline_status"] for r in rows} == {"regression"}
-    assert float(rows[0]["change"]) == pytest.approx(-0.5)
+    assert sorted(r["baseline_status"] for r in rows) == ["info"] * 4 + ["regression"] * 2
+    assert [float(r["change"]) for r in rows] == pytest.approx([-0.5] * 6)
+    tests_failed = finish_run(
+        _recorder(tmp_path, sweep()), tmp_path / "run", baseline, 0.05, tests_failed=True
+    )
+    assert tests_failed.comparison.fails  # the tests that failed already said so: no extra outcome
+    assert BASELINE_TEST_ID not in {o["test_id"] for o in json.loads(recorder.path.read_text())["outcomes"]}
 
 
 def test_finish_run_same_values_passes_and_without_baseline_has_no_comparison(tmp_path):

@@ -1,0 +1,117 @@
+"""Fabric integrity and sustained load: ports that stay clean under load, busbw that holds for minutes.
+
+- **fabric counters**: every node's IB/RoCE ports and the network interfaces NCCL may use are read
+  before the first test and after the last (acceptance/conftest.py orders them, as it does the
+  ECC/XID counters), so they bracket the collective sweeps, the burn-in and the soak. An error
+  counter that grew (symbol errors, link downed, receive errors, discards, queue drops...) fails,
+  naming node, device and port; which ports count and what is allowed is the profile's ``fabric:``
+  section (verdicts: ``checks/fabric.py``).
+- **soak** (``--gpucluster-soak 10m``): the gated busbw points of ``collectives.checks`` repeated for
+  that long on their scopes — every node at once (intra-node), every disjoint node pair at once
+  (inter-node), all nodes (full) — in timed samples. The lowest sample and the coefficient of
+  variation of each node's, pair's or group's series are gated (``burnin.soak``); the series is
+  recorded and drawn in the report. Rank 0 prints the elapsed time, the ETA and the current busbw
+  while it runs. Without the option the test skips.
+
+Both are burn-in tests (``-m burnin``): ``pytest acceptance/ -m burnin --gpucluster-soak 10m``.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import pytest
+
+from pytest_gpucluster.checks import fabric
+from pytest_gpucluster.checks.burnin import soak
+from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning, ParseError
+from pytest_gpucluster.parsers.fabric_ports import FabricSnapshot, parse_snapshot
+from pytest_gpucluster.plans import burnin as plans
+from pytest_gpucluster.plans import soak as soak_plan
+
+pytestmark = pytest.mark.burnin
+FABRIC_BEFORE = pytest.StashKey[list[FabricSnapshot]]()
+"""test_fabric_before's reading, for test_fabric_after (same process: same xdist worker)."""
+
+
+def _read_fabric(cluster: Any, session: Any) -> list[FabricSnapshot]:
+    job = cluster.run(
+        plans.FABRIC,
+        nodes=session.available_nodes,
+        nproc_per_node=1,
+        timeout=plans.FABRIC_TIMEOUT_S,
+        options=plans.fabric_options(),
+        name="burnin-fabric",
+        init_process_group=False,
+    )
+    try:
+        return [
+            parse_snapshot(v, f"fabric reading of {v.get('node')} (job {job.job_id})") for v in job.values
+        ]
+    except ParseError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+def _selection_env(session: Any) -> dict[str, str]:
+    """What picks the interfaces: the session's NCCL variables, and gloo's own where it is set."""
+    env = dict(session.nccl_env)
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        env.setdefault("GLOO_SOCKET_IFNAME", os.environ["GLOO_SOCKET_IFNAME"])
+    return env
+
+
+def test_fabric_before(cluster: Any, gpucluster_session: Any, request: Any) -> None:
+    """Every node's ports and interfaces before the run (conftest runs this first)."""
+    request.config.stash[FABRIC_BEFORE] = _read_fabric(cluster, gpucluster_session)
+
+
+def test_fabric_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any, request: Any) -> None:
+    """The same ports after the run (conftest runs this last): error counters that grew fail, naming
+    node, device and port."""
+    after = _read_fabric(cluster, gpucluster_session)
+    before = request.config.stash.get(FABRIC_BEFORE, None)
+    if before is None:
+        pytest.skip("no before-reading of the fabric ports (test_fabric_before did not run in this process)")
+    verdict = fabric.counter_checks(before, after, hw.fabric, hw.name, _selection_env(gpucluster_session))
+    write = gpucluster_session.progress or print
+    for node, ports in verdict.counted.items():
+        write(f"fabric ports counted on {node}: {', '.join(ports) or 'none'}")
+    for sentence in verdict.warnings:
+        warnings.warn(GpuClusterWarning(sentence), stacklevel=1)
+    judge(list(verdict.checks), verdict.suspects)
+
+
+def test_soak(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any) -> None:
+    """The gated collectives repeated for --gpucluster-soak: each series' lowest busbw and its
+    variation, per node, node pair or group (see the module doc)."""
+    duration = gpucluster_session.settings.soak
+    if duration is None:
+        pytest.skip(
+            "soak mode is off: pass --gpucluster-soak DURATION (e.g. 10m) to repeat the gated collectives that long"
+        )
+    nodes, per_node = gpucluster_session.available_nodes, gpucluster_session.ranks_per_node
+    points, why = soak.runnable(soak.soak_points(hw.collectives), nodes, per_node)
+    if not points:
+        reasons = "; ".join(why) or f"profile {hw.name} has no collectives.checks with min_busbw"
+        pytest.skip(f"nothing to soak: {reasons}")
+    settings = hw.burnin.soak
+    write = gpucluster_session.progress or print
+    write(
+        f"soak: {', '.join(p.title for p in points)} for {duration:g} s on {nodes} node(s)"
+        + (f" (left out: {'; '.join(why)})" if why else "")
+    )
+    job = cluster.run(
+        soak_plan.WORKLOAD,
+        nodes=nodes,
+        timeout=soak_plan.soak_timeout(duration, points, settings),
+        options=soak_plan.soak_options(points, settings, duration),
+        name="burnin-soak",
+    )
+    try:
+        series = soak.collect(job.values, points)
+    except GpuClusterError as exc:
+        pytest.fail(f"soak job {job.job_id}: {exc}", pytrace=False)
+    checks, suspects = soak.soak_checks(series, settings, hw.name)
+    judge(checks, suspects)

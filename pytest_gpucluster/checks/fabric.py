@@ -1,0 +1,331 @@
+"""Verdicts on the fabric counters: which ports count, and which error counters grew over the run.
+
+``acceptance/test_fabric.py`` reads every node's ports first and last (``workloads/fabric_probe.py``,
+parsed by ``parsers/fabric_ports.py``); :func:`counter_checks` judges the two readings against the
+profile's ``fabric:`` section:
+
+- **which ports count**: IB/RoCE ports selected by ``fabric.ib_devices`` (NCCL_IB_HCA's syntax; by
+  default the session's ``NCCL_IB_HCA``, else every device), network interfaces by
+  ``fabric.interfaces`` (NCCL_SOCKET_IFNAME's syntax; by default the session's
+  ``NCCL_SOCKET_IFNAME`` or ``GLOO_SOCKET_IFNAME``, else as NCCL picks: ``ib*`` interfaces if there
+  are any, else every one but ``docker*`` and ``lo`` — NCCL ``src/misc/socket.cc``,
+  ``ncclFindInterfaces``). NCCL takes interfaces that have an IP address; sysfs does not show
+  addresses, so an interface counts when it is **up** in the first reading (a down one carries no
+  traffic; a port that is down when it should not be is the port-state check's to fail);
+- **per counted port**: every error counter (``parsers/fabric_diff.ERROR_COUNTERS``) that grew by
+  more than its allowance fails, one check per counter naming node, device and port; a port whose
+  error counters all held is one passing check (``counter=all``); the bytes it moved are recorded;
+- **a counter pinned at its maximum** (IB counters saturate) cannot show growth. By default that is
+  a failure: the burn-in exists to prove that the port accumulated no errors under load, and a
+  saturated counter makes that unprovable while itself recording at least 2^bits - 1 errors since
+  it was last cleared. The remedy is an operator's (clear the counters — ``perfquery -x -R`` — or
+  reload the driver, and run again). ``fabric.saturated: warn`` records and warns instead, for a
+  site that clears counters on its own schedule;
+- **a counted port missing from the last reading** fails (a NIC that fell off the bus, a link
+  renamed by a driver reset); a node with no last reading fails too.
+
+Pure: no pytest, no torch, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from pytest_gpucluster.burnin.drain import Suspect
+from pytest_gpucluster.parsers.fabric_diff import SATURATING_BITS, CounterChange, diff_ports
+from pytest_gpucluster.parsers.fabric_ports import FabricSnapshot, IbPort, NetInterface
+from pytest_gpucluster.profiles.schema import FabricSection
+from pytest_gpucluster.results.model import Check, ThresholdRef
+
+__all__ = ["FabricVerdict", "NameSelection", "counted_ports", "counter_checks", "moved_bytes"]
+
+Port = IbPort | NetInterface
+NCCL_DEFAULT_INTERFACES = "^docker,lo"
+"""What NCCL falls back to when no interface name starts with ``ib`` (``ncclFindInterfaces``)."""
+UP_STATES = ("up",)
+
+
+@dataclass(frozen=True, slots=True)
+class NameSelection:
+    """A list in NCCL's syntax (``NCCL_IB_HCA``, ``NCCL_SOCKET_IFNAME``): prefixes unless it starts
+    with ``=``, the complement with ``^`` (``^=`` both); an IB entry may end in ``:port``."""
+
+    text: str
+    exclude: bool
+    exact: bool
+    entries: tuple[tuple[str, int | None], ...]
+
+    @classmethod
+    def parse(cls, text: str) -> NameSelection:
+        body = text.strip()
+        exclude = body.startswith("^")
+        body = body.removeprefix("^")
+        exact = body.startswith("=")
+        entries: list[tuple[str, int | None]] = []
+        for item in body.removeprefix("=").split(","):
+            name, _, port = item.strip().partition(":")
+            if name:
+                entries.append((name, int(port) if port.strip().isdigit() else None))
+        return cls(text.strip(), exclude, exact, tuple(entries))
+
+    def selects(self, name: str, port: int | None = None) -> bool:
+        def hit(entry: tuple[str, int | None]) -> bool:
+            wanted, wanted_port = entry
+            named = name == wanted if self.exact else name.startswith(wanted)
+            return named and (wanted_port is None or port is None or wanted_port == port)
+
+        return any(hit(e) for e in self.entries) != self.exclude
+
+
+@dataclass(frozen=True, slots=True)
+class FabricVerdict:
+    """The checks of one before/after pair of readings, the suspects they name, and the warnings
+    (saturated counters under ``fabric.saturated: warn``) the test should raise."""
+
+    checks: tuple[Check, ...]
+    suspects: tuple[Suspect, ...]
+    warnings: tuple[str, ...]
+    counted: Mapping[str, tuple[str, ...]]
+    """Per node, the ports and interfaces that counted (``mlx5_0/1``, ``eth0``)."""
+
+
+def _selections(section: FabricSection, env: Mapping[str, str]) -> tuple[NameSelection | None, str | None]:
+    ib = section.ib_devices or env.get("NCCL_IB_HCA") or None
+    interfaces = section.interfaces or env.get("NCCL_SOCKET_IFNAME") or env.get("GLOO_SOCKET_IFNAME") or None
+    return (NameSelection.parse(ib) if ib else None), interfaces
+
+
+def counted_ports(
+    snapshot: FabricSnapshot, section: FabricSection, env: Mapping[str, str]
+) -> tuple[list[Port], str]:
+    """The ports of one reading that count, and a sentence saying how they were chosen."""
+    ib, interfaces = _selections(section, env)
+    ports: list[Port] = [p for p in snapshot.ib_ports if ib is None or ib.selects(p.device, p.port)]
+    up = [i for i in snapshot.interfaces if (i.operstate or "").lower() in UP_STATES]
+    if interfaces is None:
+        interfaces = "ib" if any(i.name.startswith("ib") for i in up) else NCCL_DEFAULT_INTERFACES
+        how = f"interfaces as NCCL picks them ({interfaces!r})"
+    else:
+        how = f"interfaces {interfaces!r}"
+    chosen = NameSelection.parse(interfaces)
+    ports += [i for i in up if chosen.selects(i.name)]
+    how += f", IB devices {ib.text!r}" if ib else ", every IB device"
+    return ports, how + ", up in the first reading"
+
+
+def _name(port: Port) -> str:
+    return f"{port.device}/{port.port}" if isinstance(port, IbPort) else port.name
+
+
+def _labels(port: Port) -> dict[str, object]:
+    if isinstance(port, IbPort):
+        return {"node": port.node or "", "device": port.device, "port": port.port}
+    return {"node": port.node or "", "device": port.name}
+
+
+def _where(port: Port) -> str:
+    if isinstance(port, IbPort):
+        return f"node {port.node}, device {port.device} port {port.port}"
+    return f"node {port.node}, interface {port.name}"
+
+
+def moved_bytes(before: Port, after: Port) -> float | None:
+    """Bytes the port moved between the readings (IB data counters count 4-byte words), or None."""
+    names = ("port_xmit_data", "port_rcv_data") if isinstance(before, IbPort) else ("tx_bytes", "rx_bytes")
+    scale = 4 if isinstance(before, IbPort) else 1
+    if not all(n in before.counters and n in after.counters for n in names):
+        return None
+    grown = [after.counters[n] - before.counters[n] for n in names]
+    return float(sum(grown) * scale) if all(g >= 0 for g in grown) else None
+
+
+class _Judge:
+    """Builds the checks of one run; the profile's keys go into every threshold's ref."""
+
+    def __init__(self, section: FabricSection, profile: str) -> None:
+        self.section, self.profile = section, profile
+        self.checks: list[Check] = []
+        self.suspects: list[Suspect] = []
+        self.warnings: list[str] = []
+
+    def allowance(self, counter: str) -> tuple[int, ThresholdRef]:
+        if counter in self.section.allowed_increase:
+            key: tuple[str | int, ...] = ("fabric", "allowed_increase", counter)
+            return self.section.allowed_increase[counter], ThresholdRef(self.profile, key)
+        return self.section.max_error_increase, ThresholdRef(self.profile, ("fabric", "max_error_increase"))
+
+    def fail(self, port: Port, sentence: str, evidence: Mapping[str, object]) -> None:
+        self.suspects.append(
+            Suspect(
+                node=port.node or "?",
+                reason=f"{_name(port)}: {sentence}",
+                check="fabric",
+                evidence=dict(evidence),
+            )
+        )
+
+    def grown(self, port: Port, change: CounterChange) -> None:
+        allowed, ref = self.allowance(change.counter)
+        hint = (
+            f"{_where(port)}: error counter {change.counter} "
+            + (
+                f"went down from {change.before} to {change.after} (cleared or wrapped during the run): "
+                f"at least {change.after} since"
+                if change.went_down
+                else f"grew by {change.increase} ({change.before} -> {change.after}) during the run"
+            )
+            + f"; allowed {allowed} ({ref.key}). "
+            + _advice(port, change.counter)
+        )
+        check = Check(
+            "fabric.error_increase",
+            change.at_least,
+            "count",
+            allowed,
+            "<=",
+            ref,
+            labels={**_labels(port), "counter": change.counter},
+            hint=hint,
+        )
+        self.checks.append(check)
+        if check.failed:
+            self.fail(
+                port,
+                f"{change.counter} +{change.at_least} during the burn-in (allowed {allowed})",
+                change.to_json(),
+            )
+
+    def saturated(self, port: Port, change: CounterChange) -> None:
+        top = (1 << SATURATING_BITS[change.counter]) - 1
+        sentence = (
+            f"{_where(port)}: error counter {change.counter} is pinned at its maximum {top}: growth "
+            "during the run cannot be seen, and it has counted at least that many errors since it was "
+            "last cleared. Clear the port's counters (perfquery -x -R, or a driver reload) and run again."
+        )
+        ref = ThresholdRef(self.profile, ("fabric", "saturated"))
+        labels = {**_labels(port), "counter": change.counter}
+        if self.section.saturated == "warn":
+            self.checks.append(
+                Check(
+                    "fabric.saturated_counter",
+                    change.after,
+                    "count",
+                    labels=labels,
+                    hint=sentence + " (fabric.saturated: warn)",
+                )
+            )
+            self.warnings.append(sentence)
+            return
+        self.checks.append(
+            Check(
+                "fabric.saturated_counter",
+                change.after,
+                "count",
+                top - 1,
+                "<=",
+                ref,
+                labels=labels,
+                hint=sentence,
+            )
+        )
+        self.fail(port, f"{change.counter} saturated at {top}", change.to_json())
+
+    def port(self, before: Port, after: Port | None, changes: Sequence[CounterChange]) -> None:
+        if after is None:
+            hint = f"{_where(before)} was in the first reading and is gone from the last: look at dmesg and the link."
+            self.checks.append(
+                Check("fabric.port_present", 0.0, "ports", 1.0, ">=", labels=_labels(before), hint=hint)
+            )
+            self.fail(before, "present before the burn-in, gone after it", {})
+            return
+        errors = [c for c in changes if c.kind == "error"]
+        for change in errors:
+            if change.saturated:
+                self.saturated(before, change)
+            if change.at_least > 0 or change.went_down:
+                self.grown(before, change)
+        if not [c for c in errors if c.at_least > 0 or c.went_down]:
+            allowed, ref = self.allowance("")
+            self.checks.append(
+                Check(
+                    "fabric.error_increase",
+                    0.0,
+                    "count",
+                    allowed,
+                    "<=",
+                    ref,
+                    labels={**_labels(before), "counter": "all"},
+                    hint=f"{_where(before)}: no error counter grew",
+                )
+            )
+        moved = moved_bytes(before, after)
+        if moved is not None:
+            self.checks.append(
+                Check(
+                    "fabric.traffic",
+                    moved,
+                    "B",
+                    labels=_labels(before),
+                    hint=f"{_where(before)}: bytes sent and received during the run",
+                )
+            )
+
+
+def _advice(port: Port, counter: str) -> str:
+    if counter == "qdisc_drops":
+        return (
+            "The interface's queueing discipline dropped packets (tc -s qdisc show dev "
+            f"{_name(port)}): a shaper or a queue too small for the traffic."
+        )
+    if isinstance(port, IbPort):
+        return (
+            f"Look at the cable and the switch port of {port.device} port {port.port} "
+            "(ibdiagnet, perfquery -x); symbol errors and link-error recovery point at the cable."
+        )
+    return f"Look at ip -s link show dev {port.name} and the NIC's ethtool -S counters."
+
+
+def _by_node(snapshots: Iterable[FabricSnapshot]) -> dict[str, FabricSnapshot]:
+    return {s.node or "?": s for s in snapshots}
+
+
+def counter_checks(
+    before: Sequence[FabricSnapshot],
+    after: Sequence[FabricSnapshot],
+    section: FabricSection,
+    profile: str,
+    env: Mapping[str, str],
+) -> FabricVerdict:
+    """Every counted port's error counters from the first reading to the last (see the module doc)."""
+    judge = _Judge(section, profile)
+    last = _by_node(after)
+    counted: dict[str, tuple[str, ...]] = {}
+    for node, first in _by_node(before).items():
+        ports, _how = counted_ports(first, section, env)
+        counted[node] = tuple(_name(p) for p in ports)
+        later = last.get(node)
+        if later is None:
+            judge.checks.append(
+                Check(
+                    "fabric.node_read",
+                    0.0,
+                    "readings",
+                    1.0,
+                    ">=",
+                    labels={"node": node},
+                    hint=f"node {node} gave no last reading of its ports",
+                )
+            )
+            continue
+        matched = {(type(p).__name__, *p.key): p for p in (*later.ib_ports, *later.interfaces)}
+        diff = diff_ports(ports, [p for p in matched.values() if p.node == node])
+        for port in ports:
+            twin = matched.get((type(port).__name__, *port.key))
+            own = [c for c in diff.changes if (c.device, c.port) == _device_port(port)]
+            judge.port(port, twin, own)
+    return FabricVerdict(tuple(judge.checks), tuple(judge.suspects), tuple(judge.warnings), counted)
+
+
+def _device_port(port: Port) -> tuple[str, int | None]:
+    return (port.device, port.port) if isinstance(port, IbPort) else (port.name, None)

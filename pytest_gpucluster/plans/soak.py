@@ -1,0 +1,42 @@
+"""What the soak launches (``--gpucluster-soak``, acceptance/test_fabric.py::test_soak): one job on
+every node, ``workloads/soak.py``, repeating the profile's gated busbw points for the duration.
+
+The points and which of them this session can run are ``checks/burnin/soak.py``'s; this module
+builds the job's options and its deadline. The job runs alone (never bundled): it times itself and
+would slow everything beside it. Pure: no pytest, no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pytest_gpucluster.checks.burnin.soak import SoakPoint
+from pytest_gpucluster.profiles.schema import SoakSettings
+
+__all__ = ["WORKLOAD", "soak_options", "soak_timeout"]
+
+WORKLOAD = "pytest_gpucluster.workloads.soak:soak"
+START_UP_S = 180.0
+
+
+def progress_interval(duration_s: float) -> float:
+    """About 12 progress lines per soak, one every 2 to 30 s."""
+    return min(max(duration_s / 12.0, 2.0), 30.0)
+
+
+def soak_options(points: Sequence[SoakPoint], settings: SoakSettings, duration_s: float) -> dict[str, Any]:
+    return {
+        "points": [p.options() for p in points],
+        "duration_s": duration_s,
+        "sample_s": settings.sample_time,
+        "progress_s": progress_interval(duration_s),
+    }
+
+
+def soak_timeout(duration_s: float, points: Sequence[SoakPoint], settings: SoakSettings) -> float:
+    """A deadline no healthy soak comes near: the duration, start-up, and room for the last round to
+    run 20x slower than the first (a link that degrades late makes its samples longer, and the soak
+    stops only after the round it is in)."""
+    round_s = settings.sample_time * max(len(points), 1) * 2  # inter-node with an odd node count: 2 phases
+    return START_UP_S + duration_s * 1.25 + 20.0 * round_s

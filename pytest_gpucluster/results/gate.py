@@ -1,0 +1,394 @@
+"""The regression gate's rule: which values it judges, against what, and how far is too far.
+
+Two places apply it and must agree: `Recorder.check_all` judges each value as a test records it
+(``results/regression.py``), and `compare_runs` (``results/baseline.py``) judges two results files
+— the report at the end of a run and ``gpucluster compare OLD NEW``. Both call `judge_groups`.
+
+**What is judged.** A value with a floor (``>=``) or a ceiling (``<=``), and a value whose check
+asks for it (``Check.baseline_gate``: the curve summaries such as peak busbw). Every other value
+(each point of an info sweep, equality checks) is compared and shown, never failed on.
+
+**The rule.** For a higher-is-better value the baseline's interval is the range of its repeats
+(``Spread.min``..``Spread.max``; for a fleet baseline, the range over the fleet's runs). The new
+value (the median of its repeats) regresses when it is below the interval's low end by more than
+the tolerance: ``new < low x (1 - tolerance)``. For lower-is-better, ``new > high x (1 +
+tolerance)``. The change the tables show is between the medians; the gate's own distance
+(``margin``) is from the baseline's end of the interval, so a noisy baseline needs a larger drop.
+The same rule the other way round says *improved*.
+
+**Hosts.** Values labelled with a machine (``host``, ``rank``, ``pair``, ``node``, ``gpu``) are
+compared per host when both runs ran on the same hosts; otherwise (another Slurm allocation) the
+median over the hosts of each run is compared, and the row says so (``basis``).
+
+Pure: no pytest, no I/O, nothing from profiles/ (the session turns the profile's ``regression:``
+section into `Tolerances`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pytest_gpucluster.results.model import Check, Measurement, Spread
+
+__all__ = [
+    "HOST_LABELS",
+    "MetricChange",
+    "ToleranceRule",
+    "Tolerances",
+    "direction_of",
+    "gated",
+    "interval",
+    "judge_groups",
+    "latest_by_key",
+]
+
+Direction = Literal["higher", "lower"]
+Status = Literal["regression", "improved", "ok", "info", "no value"]
+
+HOST_LABELS = frozenset({"host", "rank", "pair", "node", "gpu"})
+"""Labels that name a machine or a place on one: they differ between allocations."""
+_LOWER_UNITS = frozenset({"s", "ms", "us", "B", "bytes"})
+_HIGHER_UNITS = frozenset({"fraction", "%", "x"})
+_SLACK = 1e-9
+"""So that a change of exactly the tolerance (5.000000001% from float noise) passes."""
+
+
+def direction_of(m: Check) -> tuple[Direction | None, str]:
+    """Which way is better, and why: the threshold's comparison first, else the unit."""
+    if m.threshold is not None and m.comparison == ">=":
+        return "higher", "floor (>=)"
+    if m.threshold is not None and m.comparison == "<=":
+        return "lower", "ceiling (<=)"
+    if m.unit.endswith("/s") or m.unit in _HIGHER_UNITS:
+        return "higher", f"unit {m.unit}"
+    if m.unit in _LOWER_UNITS:
+        return "lower", f"unit {m.unit}"
+    return None, f"no direction for unit {m.unit or '(none)'}"
+
+
+def gated(m: Check) -> bool:
+    """Whether the gate may fail on ``m`` (a floor or ceiling, or the check asks for it)."""
+    if m.baseline_gate is False:
+        return False
+    if m.baseline_gate:
+        return direction_of(m)[0] is not None
+    return m.threshold is not None and m.comparison in (">=", "<=")
+
+
+def interval(m: Check) -> tuple[float, float]:
+    """The low and high end of ``m``'s noise: its repeats' range (the value alone without one)."""
+    if m.spread is None:
+        return m.value, m.value
+    return min(m.spread.min, m.value), max(m.spread.max, m.value)
+
+
+def latest_by_key(measurements: Iterable[Measurement]) -> dict[str, Measurement]:
+    """The last value recorded per key: a confirmation supersedes the measurement it confirms."""
+    return {m.key: m for m in measurements}
+
+
+# ----------------------------------------------------------------------------------- tolerances
+
+
+@dataclass(frozen=True, slots=True)
+class ToleranceRule:
+    """Metrics matching ``pattern`` (an fnmatch glob) regress beyond ``tolerance`` (None: never)."""
+
+    pattern: str
+    tolerance: float | None
+    source: str
+    """Where it comes from: ``profile cpu-local: regression.tolerances[0]``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tolerances:
+    """The profile's rules, first match wins; ``default`` (``--max-regression``) for the rest."""
+
+    default: float
+    source: str = "--max-regression"
+    rules: tuple[ToleranceRule, ...] = ()
+
+    def lookup(self, metric: str) -> tuple[float | None, str]:
+        for rule in self.rules:
+            if fnmatch.fnmatchcase(metric, rule.pattern):
+                return rule.tolerance, rule.source
+        return self.default, self.source
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "default": self.default,
+            "source": self.source,
+            "rules": [
+                {"pattern": r.pattern, "tolerance": r.tolerance, "source": r.source} for r in self.rules
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Tolerances:
+        rules = tuple(
+            ToleranceRule(
+                str(r["pattern"]),
+                None if r.get("tolerance") is None else float(r["tolerance"]),
+                str(r["source"]),
+            )
+            for r in data.get("rules") or ()
+        )
+        return cls(float(data["default"]), str(data.get("source") or "--max-regression"), rules)
+
+
+# ----------------------------------------------------------------------------------- one row
+
+
+@dataclass(frozen=True, slots=True)
+class MetricChange:
+    """One compared value: the baseline with its interval, the first try, the value that counts."""
+
+    key: str
+    metric: str
+    scope: str | None
+    labels: dict[str, Any]
+    unit: str
+    old: float | None
+    new: float | None
+    change: float | None
+    """(new - old) / |old| of the medians; None when either value is missing."""
+    direction: Direction | None
+    why: str
+    tolerance: float | None
+    status: Status
+    old_low: float | None = None
+    old_high: float | None = None
+    old_n: int = 1
+    """Repeats (or fleet runs) behind the baseline value."""
+    first: float | None = None
+    """The first measurement when a confirmation superseded it (``new`` is the confirmation)."""
+    margin: float | None = None
+    """How far ``new`` lies beyond the baseline's worse end, as a fraction of it (> tolerance: regression)."""
+    tolerance_source: str = ""
+    basis: str = "same point"
+    """Which comparison was made: ``same point``, ``per host`` or ``median over hosts``."""
+    basis_note: str = ""
+    """For a median over hosts: why, and which hosts on either side."""
+    members: tuple[str, ...] = ()
+    """The keys of this run behind the row (several for a median over hosts)."""
+
+    @property
+    def subject(self) -> str:
+        labels = ",".join(f"{k}={v}" for k, v in self.labels.items())
+        parts = [self.metric, f"[{self.scope}]" if self.scope else "", f"({labels})" if labels else ""]
+        return " ".join(p for p in parts if p)
+
+    @property
+    def confirmed(self) -> bool:
+        return self.first is not None
+
+
+def _rel(new: float, old: float) -> float:
+    if new == old:
+        return 0.0
+    return (new - old) / abs(old) if old != 0 else math.copysign(math.inf, new - old)
+
+
+def _beyond(end: float, distance: float) -> float:
+    """``distance`` past ``end`` as a fraction of it (a zero end: any distance is infinite)."""
+    if end == 0:
+        return 0.0 if distance <= 0 else math.inf
+    return distance / abs(end)
+
+
+def _status(
+    low: float, high: float, new: float, direction: Direction | None, tolerance: float | None, is_gated: bool
+) -> tuple[Status, float | None]:
+    """The verdict and the margin: how far ``new`` lies past the baseline's worse end."""
+    if direction is None:
+        return "info", None
+    if direction == "higher":
+        margin, gain = _beyond(low, low - new), _beyond(high, new - high)
+    else:
+        margin, gain = _beyond(high, new - high), _beyond(low, low - new)
+    if not is_gated or tolerance is None:
+        return "info", margin
+    if margin > tolerance + _SLACK:
+        return "regression", margin
+    return ("improved" if gain > tolerance + _SLACK else "ok"), margin
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def compare_pair(
+    old: Measurement,
+    new: Measurement,
+    tolerances: Tolerances,
+    *,
+    first: Measurement | None = None,
+    basis: str = "same point",
+    basis_note: str = "",
+    members: Sequence[str] = (),
+) -> MetricChange:
+    """The row for one value (or one median over hosts) in both runs. The current run's check
+    says whether it is gated (its profile may have dropped a threshold the baseline had)."""
+    # The current run's threshold says which way is better; the old one stands in when the new
+    # run recorded the value as info only.
+    direction, why = direction_of(new)
+    if direction is None:
+        direction, why = direction_of(old)
+    tolerance, source = tolerances.lookup(new.metric)
+    o, n = _finite(old.value), _finite(new.value)
+    low, high = interval(old)
+    status: Status
+    margin = None
+    if o is None or n is None:
+        status = "no value"
+    else:
+        status, margin = _status(low, high, n, direction, tolerance, gated(new))
+    return MetricChange(
+        key=new.key,
+        metric=new.metric,
+        scope=new.scope,
+        labels=dict(new.labels),
+        unit=new.unit,
+        old=o,
+        new=n,
+        change=None if o is None or n is None else _rel(n, o),
+        direction=direction,
+        why=why,
+        tolerance=tolerance,
+        status=status,
+        old_low=_finite(low),
+        old_high=_finite(high),
+        old_n=old.spread.n if old.spread is not None else 1,
+        first=None if first is None else _finite(first.value),
+        margin=margin,
+        tolerance_source=source,
+        basis=basis,
+        basis_note=basis_note,
+        members=tuple(members) or (new.key,),
+    )
+
+
+# ----------------------------------------------------------------------------------- groups
+
+
+def group_key(m: Check) -> str:
+    """The key without the labels that name a machine: what a median over hosts is keyed by."""
+    labels = ",".join(f"{k}={m.labels[k]}" for k in sorted(m.labels) if k not in HOST_LABELS)
+    return f"{m.metric}|{m.scope or ''}|{labels}"
+
+
+def _median_over_hosts(group: Sequence[Measurement]) -> Measurement:
+    """One value for a group of per-host values: the median, its interval the median of theirs."""
+    first = group[0]
+    values = [m.value for m in group if math.isfinite(m.value)]
+    ends = [interval(m) for m in group if math.isfinite(m.value)]
+    labels = {k: v for k, v in first.labels.items() if k not in HOST_LABELS}
+    if not values:
+        return Measurement.of(_with(first, math.nan, labels, None), test_id=first.test_id, time=first.time)
+    median = statistics.median(values)
+    spread = Spread(
+        median=median,
+        min=statistics.median(lo for lo, _ in ends),
+        max=statistics.median(hi for _, hi in ends),
+        mad=statistics.median(abs(v - median) for v in values),
+        n=len(values),
+        values=tuple(values),
+    )
+    return Measurement.of(_with(first, median, labels, spread), test_id=first.test_id, time=first.time)
+
+
+def _with(m: Measurement, value: float, labels: dict[str, Any], spread: Spread | None) -> Check:
+    return Check(
+        m.metric,
+        value,
+        m.unit,
+        m.threshold,
+        m.comparison,
+        m.ref,
+        m.scope,
+        labels,
+        spread,
+        m.hint,
+        m.baseline_gate,
+    )
+
+
+def _hosts(group: Sequence[Measurement]) -> list[str]:
+    return sorted({str(m.labels["host"]) for m in group if "host" in m.labels}) or sorted(
+        {str(m.labels.get("rank", m.labels.get("node", "?"))) for m in group}
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class GroupedComparison:
+    changes: list[MetricChange]
+    only_in_baseline: list[str] = field(default_factory=list)
+    only_in_current: list[str] = field(default_factory=list)
+
+
+def judge_groups(
+    old: Mapping[str, Measurement],
+    new: Sequence[Measurement],
+    tolerances: Tolerances,
+    *,
+    hosts_match: bool,
+    first: Mapping[str, Measurement] | None = None,
+) -> GroupedComparison:
+    """Every row of ``new`` (one value per key) against ``old`` (the baseline, latest by key).
+
+    Values with machine labels are compared key by key when ``hosts_match`` and the two runs hold
+    the same keys of that group; otherwise each run's median over its hosts is compared.
+    ``first``: the superseded first measurement per key, where a confirmation replaced it.
+    """
+    first = first or {}
+    old_groups: dict[str, list[Measurement]] = {}
+    for m in old.values():
+        old_groups.setdefault(group_key(m), []).append(m)
+    new_groups: dict[str, list[Measurement]] = {}
+    for m in new:
+        new_groups.setdefault(group_key(m), []).append(m)
+    out = GroupedComparison([])
+    used_old: set[str] = set()
+    for gkey, group in new_groups.items():
+        per_host = any(HOST_LABELS & set(m.labels) for m in group)
+        olds = old_groups.get(gkey, [])
+        same_keys = {m.key for m in group} == {m.key for m in olds}
+        if not per_host or (hosts_match and same_keys):
+            for m in group:
+                if m.key not in old:
+                    out.only_in_current.append(m.key)
+                    continue
+                used_old.add(m.key)
+                basis = "per host" if per_host else "same point"
+                out.changes.append(
+                    compare_pair(old[m.key], m, tolerances, first=first.get(m.key), basis=basis)
+                )
+            continue
+        if not olds:
+            out.only_in_current.extend(m.key for m in group)
+            continue
+        used_old.update(m.key for m in olds)
+        why = "the hosts differ" if not hosts_match else "the runs hold different hosts or ranks"
+        note = (
+            f"{why}: {len(group)} value(s) on {','.join(_hosts(group))}, "
+            f"baseline {len(olds)} on {','.join(_hosts(olds))}"
+        )
+        confirmed = [first[m.key] for m in group if m.key in first]
+        earlier = _median_over_hosts([first.get(m.key, m) for m in group]) if confirmed else None
+        row = compare_pair(
+            _median_over_hosts(olds),
+            _median_over_hosts(group),
+            tolerances,
+            first=earlier,
+            basis="median over hosts",
+            basis_note=note,
+            members=[m.key for m in group],
+        )
+        out.changes.append(row)
+    out.only_in_baseline.extend(k for k in old if k not in used_old and group_key(old[k]) not in new_groups)
+    return out
