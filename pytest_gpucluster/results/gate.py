@@ -6,7 +6,8 @@ Two places apply it and must agree: `Recorder.check_all` judges each value as a 
 
 **What is judged.** A value with a floor (``>=``) or a ceiling (``<=``), and a value whose check
 asks for it (``Check.baseline_gate``: the curve summaries such as peak busbw). Every other value
-(each point of an info sweep, equality checks) is compared and shown, never failed on.
+(each point of an info sweep, equality checks, a count whose ceiling is zero) is compared and
+shown, never failed on.
 
 **The rule.** For a higher-is-better value the baseline's interval is the range of its repeats
 (``Spread.min``..``Spread.max``; for a fleet baseline, the range over the fleet's runs). The new
@@ -77,6 +78,10 @@ def gated(m: Check) -> bool:
         return False
     if m.baseline_gate:
         return direction_of(m)[0] is not None
+    if m.threshold == 0 and m.comparison == "<=":
+        # "None allowed" (stragglers, errors): the threshold is the whole rule, and a relative
+        # change from a baseline of 0 is infinite whatever it is, so gating would only repeat it.
+        return False
     return m.threshold is not None and m.comparison in (">=", "<=")
 
 

@@ -53,8 +53,8 @@ def test_lower_is_better_is_judged_against_the_high_end():
 
 
 def test_a_value_that_was_zero_regresses_when_it_grows_and_an_improvement_is_named():
-    old = m("burnin.stragglers", 0.0, unit="ranks", threshold=0.0, comparison="<=")
-    grown = status(old, m("burnin.stragglers", 1.0, unit="ranks", threshold=0.0, comparison="<="))
+    old = m("x.wait", 0.0, unit="s", threshold=1.0, comparison="<=")
+    grown = status(old, m("x.wait", 0.5, unit="s", threshold=1.0, comparison="<="))
     assert grown.status == "regression" and math.isinf(grown.margin)
     better = status(m("x.busbw", 100.0, spread=[95.0, 100.0, 101.0]), m("x.busbw", 120.0))
     assert better.status == "improved"
@@ -70,6 +70,7 @@ def test_a_value_that_was_zero_regresses_when_it_grows_and_an_improvement_is_nam
         (Check("a.lag", 1.0, "s", 2.0, "<=", baseline_gate=False), False),  # relative to peers: never
         (Check("a.gpus", 8.0, "GPUs", 8.0, "=="), False),  # an equality: its threshold judges it
         (Check("a.flag", 1.0, "bool", baseline_gate=True), False),  # no way is better
+        (Check("a.stragglers", 0.0, "ranks", 0.0, "<="), False),  # none allowed: the threshold judges it
     ],
 )
 def test_what_is_gated(check, judged):
@@ -179,3 +180,11 @@ def test_a_stored_comparison_of_an_older_plugin_still_reads():
     assert c.tolerance == 0.1 and c.changes[0].status == "info" and c.fails is False
     again = compare_runs(run([m("x.busbw", 1.0)]), run([m("x.busbw", 0.5)]), 0.05)
     assert BaselineComparison.from_json(json.loads(json.dumps(again.to_json()))) == again
+
+
+def test_a_count_that_must_be_zero_is_left_to_its_threshold():
+    """A straggler appearing fails the run through its own ``<= 0`` check; the gate would only
+    say it again, as an infinite regression."""
+    old = m("burnin.stragglers", 0.0, unit="ranks", threshold=0.0, comparison="<=")
+    grown = status(old, m("burnin.stragglers", 1.0, unit="ranks", threshold=0.0, comparison="<="))
+    assert grown.status == "info"
