@@ -11,50 +11,32 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from pytest_gpucluster.profiles.quantities import (
-    parse_bandwidth,
-    parse_bytes,
-    parse_duration,
-    parse_flops,
-    parse_fraction,
+from pytest_gpucluster.profiles.fields import (
+    _ALGORITHMS,
+    Bandwidth,
+    CollectiveName,
+    Duration,
+    FlopRate,
+    Fraction,
+    NcclAlgorithm,
+    Scope,
+    Section,
+    Size,
+    Timeout,
 )
-
-Bandwidth = Annotated[float, BeforeValidator(parse_bandwidth)]
-"""Bytes per second; written ``"115GB/s"`` or ``"920Gbps"``."""
-Size = Annotated[float, BeforeValidator(parse_bytes)]
-"""Bytes; written ``"64MiB"``, ``"16GB"`` or a bare byte count."""
-Duration = Annotated[float, BeforeValidator(parse_duration)]
-"""Seconds; written ``"7.8s"``, ``"50us"``."""
-Fraction = Annotated[float, BeforeValidator(parse_fraction)]
-"""A fraction; written ``"92%"`` or ``0.92``."""
-FlopRate = Annotated[float, BeforeValidator(parse_flops)]
-"""FLOP/s; written ``"989TFLOP/s"``."""
-
-
-def _timeout(value: Any) -> Any:
-    # a timeout is seconds by convention (--job-timeout SECONDS), so a bare number is seconds
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return parse_duration(f"{value}s")
-    return parse_duration(value)
-
-
-Timeout = Annotated[float, BeforeValidator(_timeout)]
-"""Seconds; written ``"20min"``, ``"1200s"`` or a bare number of seconds."""
-
-CollectiveName = Literal[
-    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "alltoall", "sendrecv"
-]
-Scope = Literal["intra-node", "inter-node", "full"]
-NcclAlgorithm = Literal["Ring", "Tree", "NVLS", "NVLSTree", "CollNetDirect", "CollNetChain", "PAT"]
-"""NCCL's algorithm names as ``NCCL_ALGO`` takes them and ``NCCL_DEBUG=INFO`` prints them."""
-_ALGORITHMS: dict[str, str] = {a.lower(): a for a in NcclAlgorithm.__args__}  # type: ignore[attr-defined]
-Capability = Literal["cuda", "nccl", "nvml", "nvlink", "ib", "roce", "efa", "slurm", "mpi", "multi-node"]
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+from pytest_gpucluster.profiles.schema_burnin import (  # noqa: F401 - re-exported
+    BurninSection,
+    DcgmSettings,
+    FabricSection,
+    SoakSettings,
+)
+from pytest_gpucluster.profiles.schema_run import (  # noqa: F401 - re-exported
+    LaunchSection,
+    RegressionSection,
+    RegressionTolerance,
+)
 
 
 class ClusterSection(Section):
@@ -284,198 +266,6 @@ class SftSection(Section):
                 raise ValueError(f"two sft cases are named {case.name!r}; names must be unique")
             seen.add(case.name)
         return cases
-
-
-class SoakSettings(Section):
-    """The soak (``--gpucluster-soak DURATION``, acceptance/test_fabric.py::test_soak): every busbw
-    point of ``collectives.checks`` repeated for the duration on its scope (intra-node: every node at
-    once; inter-node: every disjoint node pair at once; full: all nodes), in timed samples."""
-
-    sample_time: Duration = Field(
-        1.0,
-        gt=0,
-        description="Each sample times back-to-back collectives for about this long. The count per "
-        "sample is fixed from a first timed call, so a link that slows down makes its samples longer, "
-        "never lighter.",
-    )
-    min_busbw_fraction: Fraction = Field(
-        1.0,
-        gt=0,
-        description="The lowest sample of every series must reach this fraction of its point's floor "
-        "(collectives.checks[i].min_busbw): the floor holds at every moment of the window, not only at "
-        "the median of a few repeats.",
-    )
-    max_cv: Fraction | None = Field(
-        None,
-        description="Coefficient of variation (population standard deviation / mean) of each series' "
-        "busbw, at most; unset: recorded, not gated.",
-    )
-    source: str | None = Field(None, description="Where max_cv and min_busbw_fraction come from.")
-
-
-class DcgmSettings(Section):
-    """``dcgmi diag -r <level> -j`` on every node that has DCGM (acceptance/test_burnin.py::test_dcgm_diag)."""
-
-    level: int = Field(
-        2,
-        ge=1,
-        le=4,
-        description="The run level: 1 quick (seconds), 2 medium (about 2 minutes), 3 long (about 15 "
-        "minutes), 4 extended (longer), per NVIDIA's dcgmi diag reference (docs.nvidia.com/datacenter/"
-        "dcgm/latest/reference/command-line-reference/dcgmi/dcgmi-diag.html).",
-    )
-    timeout: Timeout | None = Field(
-        None,
-        description="Deadline of the diag job; default: 10 min (level 1), 20 min (2), 1 h (3), 4 h (4).",
-    )
-
-    @property
-    def effective_timeout(self) -> float:
-        default = {1: 600.0, 2: 1200.0, 3: 3600.0, 4: 14400.0}[self.level]
-        return self.timeout if self.timeout is not None else default
-
-
-class BurninSection(Section):
-    """Burn-in (acceptance/test_burnin.py): per-rank health floors, straggler tolerance, pairwise
-    localization. Every floor is optional: an unset one is measured and reported, not gated."""
-
-    straggler_tolerance: Fraction = Field(
-        0.25,
-        description="A rank, node or node pair slower than the median of its peers by more than this "
-        "fraction of time is a suspect (a rate below median / (1 + tolerance); 1.0: twice as slow).",
-    )
-    straggler_min_excess: Duration = Field(
-        0.001,
-        description="...and slower by more than this many seconds (per iteration): smaller differences "
-        "are timer noise.",
-    )
-    min_cpu_matmul: FlopRate | None = Field(None, description="float32 matmul per rank, on the CPU.")
-    min_cpu_memory_bandwidth: Bandwidth | None = Field(None, description="Host memory copy per rank.")
-    min_matmul: FlopRate | None = Field(None, description="Dense bf16 matmul per GPU.")
-    min_memory_bandwidth: Bandwidth | None = Field(None, description="Device memory copy per GPU.")
-    min_h2d_bandwidth: Bandwidth | None = Field(None, description="Pinned host-to-device copy per GPU.")
-    max_temperature: float | None = Field(None, gt=0, description="GPU temperature, degrees Celsius.")
-    max_power: float | None = Field(None, gt=0, description="GPU power draw, watts.")
-    min_pcie_gen: int | None = Field(None, ge=1, description="Current PCIe link generation per GPU.")
-    min_pcie_width: int | None = Field(None, ge=1, description="Current PCIe link width (lanes) per GPU.")
-    max_retired_pages: int | None = Field(None, ge=0, description="Retired pages / remapped rows per GPU.")
-    forbidden_throttle_reasons: tuple[str, ...] = Field(
-        ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown"),
-        description="NVML clock throttle reasons that fail a GPU when active.",
-    )
-    pair_size: Size = Field(4 * 2**20, description="all_reduce size of each pairwise node test.")
-    pair_iters: int = Field(10, ge=1, description="Timed all_reduce iterations per pairwise test.")
-    pair_min_busbw: Bandwidth | None = Field(None, description="Absolute floor for every node pair.")
-    soak: SoakSettings = Field(default_factory=SoakSettings)
-    dcgm: DcgmSettings = Field(default_factory=DcgmSettings)
-
-
-class FabricSection(Section):
-    """Fabric ports (acceptance/test_fabric.py::test_fabric_before/after): every IB/RoCE port and
-    network interface NCCL may use, read on every node before the first test and after the last;
-    error counters that grew fail, naming node, device and port. Port count and rate are judged
-    against ``cluster.nics_per_node`` and ``cluster.nic_line_rate``."""
-
-    ib_devices: str | None = Field(
-        None,
-        description="The IB/RoCE devices (and ports) that count, in NCCL_IB_HCA's syntax: prefixes "
-        "'mlx5', exact '=mlx5_0:1,mlx5_3:1', exclusions '^mlx5_4'. Default: the session's NCCL_IB_HCA, "
-        "else every device.",
-    )
-    interfaces: str | None = Field(
-        None,
-        description="The network interfaces that count, in NCCL_SOCKET_IFNAME's syntax ('eth', "
-        "'=eth0,eth1', '^docker,lo'). Default: the session's NCCL_SOCKET_IFNAME, else as NCCL picks "
-        "(interfaces starting with 'ib', else every one but docker* and lo). Only interfaces that are up "
-        "in the first reading count.",
-    )
-    max_error_increase: int = Field(
-        0,
-        ge=0,
-        description="How much each error counter (symbol errors, link downed, receive errors, discards, "
-        "drops...) may grow over the run, per port.",
-    )
-    allowed_increase: dict[str, int] = Field(
-        default_factory=dict,
-        description="Per error counter, an allowance other than max_error_increase: {symbol_error: 10}.",
-    )
-    saturated: Literal["fail", "warn"] = Field(
-        "fail",
-        description="An error counter pinned at its maximum (IB counters stop there: link_downed at 255, "
-        "port_xmit_discards at 65535) cannot show growth: 'fail' (default: the run cannot prove the port "
-        "clean; clear the counters and run again) or 'warn' (recorded and warned, not failed).",
-    )
-    source: str | None = Field(None, description="Where the allowances come from.")
-
-    @field_validator("allowed_increase")
-    @classmethod
-    def _non_negative(cls, value: dict[str, int]) -> dict[str, int]:
-        bad = {k: v for k, v in value.items() if v < 0}
-        if bad:
-            raise ValueError(f"allowances must be 0 or more, got {bad}")
-        return value
-
-
-def _tolerance(value: Any) -> Any:
-    # YAML 1.1 reads a bare `off` as false: both spellings mean off
-    if value is False or (isinstance(value, str) and value.strip().lower() == "off"):
-        return None
-    if value is None or value is True:
-        raise ValueError("write a percentage such as 5%, or off (shown, never failed on)")
-    return parse_fraction(value)
-
-
-class RegressionTolerance(Section):
-    """How far the metrics matching ``metric`` may regress against ``--baseline`` before the run fails."""
-
-    metric: str = Field(
-        description="An fnmatch glob over metric names: 'collectives.*.busbw*', 'sft.step_time'.",
-        min_length=1,
-    )
-    tolerance: Annotated[float | None, BeforeValidator(_tolerance)] = Field(
-        description="How far past the baseline's noise a value may move the wrong way: '5%', or 'off' "
-        "(compared and shown, never failed on)."
-    )
-    source: str | None = Field(
-        None, description="Where the number comes from (measured noise, a public figure)."
-    )
-
-    @field_validator("tolerance")
-    @classmethod
-    def _a_fraction(cls, value: float | None) -> float | None:
-        if value is not None and not 0 <= value < 10:
-            raise ValueError(f"a tolerance is a percentage from 0% to 1000%, got {value * 100:g}%")
-        return value
-
-
-class RegressionSection(Section):
-    """The regression gate (``--baseline``): tolerances per metric glob, the first match wins;
-    a metric no glob matches regresses beyond ``--max-regression`` (default 5%)."""
-
-    tolerances: tuple[RegressionTolerance, ...] = ()
-
-
-class LaunchSection(Section):
-    """How jobs are started on this cluster, where the site's defaults are not enough."""
-
-    forward_env: tuple[str, ...] = Field(
-        (),
-        description="Variable names or shell patterns (MY_SITE_*) forwarded to every rank, besides the "
-        "default list (PATH, LD_LIBRARY_PATH, PYTHONPATH, VIRTUAL_ENV, CUDA_*, NCCL_*, FI_*, OFI_*, UCX_*, "
-        "TORCH_*, HF_*, OMP_NUM_THREADS) and --forward-env.",
-    )
-    slurm_gpu_request: Literal["gpus-per-node", "gres", "gpus-per-task"] = Field(
-        "gpus-per-node",
-        description="How srun asks for a CUDA job's GPUs: --gpus-per-node=N, --gres=gpu:N, or "
-        "--gpus-per-task (one GPU per task in --slurm-mode tasks). A GPU request in --launcher-args wins.",
-    )
-
-    @field_validator("forward_env")
-    @classmethod
-    def _patterns(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
-        from pytest_gpucluster.launch.forward_env import check_pattern
-
-        return tuple(check_pattern(p, "launch.forward_env") for p in patterns)
 
 
 class ProfileModel(Section):
