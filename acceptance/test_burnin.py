@@ -4,20 +4,15 @@ A new batch of nodes often holds a few failing parts, and a slow collective only
 slow". These tests name it (the verdicts: ``checks/burnin/``; what runs: ``plans/burnin.py``):
 
 - **health**: one job on every node at once measures each rank's CPU matmul and memory bandwidth
-  and, on GPUs, each GPU's bf16 matmul, memory and host-to-device bandwidth, its state sampled
-  under that load (hottest temperature, highest power, the PCIe generation and width the link
-  reached, clock reasons seen or counted by NVML's violation counters), its memory health
-  (retired pages, remapped rows, XIDs during the load) and its ECC mode (enabled, no pending
-  change) against ``burnin:`` (``checks/burnin/gpu.py``).
+  and, on GPUs, each GPU's matmul, memory and host-to-device bandwidth, its NVML state sampled
+  under that load, its memory health and ECC mode against ``burnin:`` (``checks/burnin/gpu.py``).
 - **stragglers**: ranks and nodes slower than the median of their peers by more than
   ``burnin.straggler_tolerance``, from each rank's own matmul and its time outside the calls of an
   all_reduce sweep; `test_injected_straggler_is_named` proves the detector on this cluster.
 - **ECC / XID**: counters read before the first and after the last test (acceptance/conftest.py
   orders them); any increase fails, naming the GPU. A node whose kernel log the test user cannot
   read (dmesg restricted, no journal access) gets a check that does not pass, saying why.
-- **DCGM diagnostics**: ``dcgmi diag -r <burnin.dcgm.level> -j`` on every node that has DCGM; each
-  test result per GPU is a check (a Fail names the GPU and the test; a Warn is recorded and warned).
-  No ``dcgmi`` on any node is a skip saying so.
+- **DCGM diagnostics**: in acceptance/test_fabric.py, with the other readings of the nodes' own tools.
 - **version drift**: every node's driver, CUDA, NCCL, net plugin, torch and firmware versions
   against the profile's ``versions:`` pins, and against each other.
 - **pairwise localization**: node pairs in two rounds (`burnin.pairwise`), about n/2 + 2 jobs, so
@@ -30,7 +25,6 @@ and run only with ``--gpucluster-drain``. The self-test's injected straggler is 
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -41,8 +35,8 @@ from pytest_gpucluster.burnin.drift import fleet_versions
 from pytest_gpucluster.burnin.pairwise import localize
 from pytest_gpucluster.burnin.runner import ClusterPairRunner
 from pytest_gpucluster.burnin.stragglers import Sample, find_stragglers, sweep_samples, worst_per_host
-from pytest_gpucluster.checks.burnin import dcgm, health, peers
-from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning
+from pytest_gpucluster.checks.burnin import health, peers
+from pytest_gpucluster.errors import GpuClusterError
 from pytest_gpucluster.fixtures import job_part
 from pytest_gpucluster.harness import Part, PartRun
 from pytest_gpucluster.inputs import read_texts
@@ -176,29 +170,6 @@ def test_counters_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: A
         )
     grown = health.counter_increases(before, after)
     judge([peers.counter_check(grown), *health.xid_readability_checks(before, after)], grown)
-
-
-def test_dcgm_diag(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any) -> None:
-    """DCGM's own diagnostics (dcgmi diag -r <level> -j) on every node, each test result per GPU a check."""
-    settings = hw.burnin.dcgm
-    job = cluster.run(
-        plans.DCGM, nodes=gpucluster_session.available_nodes, nproc_per_node=1, init_process_group=False,
-        timeout=settings.effective_timeout + 60.0, name="burnin-dcgm",
-        options=plans.dcgm_options(settings.level, settings.effective_timeout),
-    )  # fmt: skip
-    found = dcgm.node_reports(job.values)
-    if not found.reports and not found.broken:
-        pytest.skip("DCGM diagnostics: " + "; ".join(why for _, why in found.missing))
-    checks, suspects = list(found.broken), []
-    for node, why in found.missing:  # others have DCGM: these nodes' GPUs went undiagnosed
-        checks.append(dcgm.missing_check(node, why))
-    for node, report in found.reports:
-        verdict = dcgm.diag_checks(node, report, settings.level)
-        checks += verdict.checks
-        suspects += verdict.suspects
-        for sentence in verdict.warnings:
-            warnings.warn(GpuClusterWarning(sentence), stacklevel=1)
-    judge(checks, suspects)
 
 
 def test_version_drift(

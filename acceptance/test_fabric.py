@@ -13,7 +13,11 @@
   recorded and drawn in the report. Rank 0 prints the elapsed time, the ETA and the current busbw
   while it runs. Without the option the test skips.
 
-Both are burn-in tests (``-m burnin``): ``pytest acceptance/ -m burnin --gpucluster-soak 10m``.
+- **DCGM diagnostics**: ``dcgmi diag -r <burnin.dcgm.level> -j`` on every node that has DCGM; each
+  test result per GPU is a check (a Fail names the GPU and the test; a Warn is recorded and warned).
+  No ``dcgmi`` on any node is a skip saying so (``checks/burnin/dcgm.py``).
+
+All are burn-in tests (``-m burnin``): ``pytest acceptance/ -m burnin --gpucluster-soak 10m``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 import pytest
 
 from pytest_gpucluster.checks import fabric
-from pytest_gpucluster.checks.burnin import soak
+from pytest_gpucluster.checks.burnin import dcgm, soak
 from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning, ParseError
 from pytest_gpucluster.parsers.fabric_ports import FabricSnapshot, parse_snapshot
 from pytest_gpucluster.plans import burnin as plans
@@ -115,3 +119,20 @@ def test_soak(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any) -> Non
         pytest.fail(f"soak job {job.job_id}: {exc}", pytrace=False)
     checks, suspects = soak.soak_checks(series, settings, hw.name)
     judge(checks, suspects)
+
+
+def test_dcgm_diag(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any) -> None:
+    """DCGM's own diagnostics (dcgmi diag -r <level> -j) on every node, each test result per GPU a check."""
+    settings = hw.burnin.dcgm
+    job = cluster.run(
+        plans.DCGM, nodes=gpucluster_session.available_nodes, nproc_per_node=1, init_process_group=False,
+        timeout=settings.effective_timeout + 60.0, name="burnin-dcgm",
+        options=plans.dcgm_options(settings.level, settings.effective_timeout),
+    )  # fmt: skip
+    found = dcgm.node_reports(job.values)
+    if not found.reports and not found.broken:
+        pytest.skip("DCGM diagnostics: " + "; ".join(why for _, why in found.missing))
+    verdict = dcgm.fleet_checks(found, settings.level)
+    for sentence in verdict.warnings:
+        warnings.warn(GpuClusterWarning(sentence), stacklevel=1)
+    judge(list(verdict.checks), list(verdict.suspects))

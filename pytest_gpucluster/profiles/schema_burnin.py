@@ -46,7 +46,7 @@ class SoakSettings(Section):
 
 
 class DcgmSettings(Section):
-    """``dcgmi diag -r <level> -j`` on every node that has DCGM (acceptance/test_burnin.py::test_dcgm_diag)."""
+    """``dcgmi diag -r <level> -j`` on every node that has DCGM (acceptance/test_fabric.py::test_dcgm_diag)."""
 
     level: int = Field(
         2,

@@ -1,4 +1,4 @@
-"""acceptance/test_fabric.py and test_burnin.py's DCGM test run whole (pytester), on this machine.
+"""acceptance/test_fabric.py (fabric counters, soak, DCGM) run whole (pytester), on this machine.
 
 - the fabric readings bracket a run for real (two launches reading /sys and tc here);
 - the soak is off without --gpucluster-soak, and a bad duration is a usage error (the soak itself
@@ -90,7 +90,7 @@ def test_dcgm_diag_of_a_failing_gpu_fails_naming_the_gpu_and_the_test(run, tmp_p
     recorded = DCGM_DATA / "diag_4.5.2_gb10_level2_memory_pcie_pass_software_fail_glimmer.json"
     bin_dir = stand_in_dcgmi(tmp_path / "bin", recorded, 226)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    result = run("test_burnin.py", "-k", "dcgm")
+    result = run("test_fabric.py", "-k", "dcgm")
     result.assert_outcomes(failed=1)
     assert (bin_dir / "argv").read_text().split() == ["diag", "-r", "2", "-j"]  # the profile's default level
     result.stdout.fnmatch_lines(
@@ -113,7 +113,7 @@ def test_dcgm_diag_skips_where_no_node_has_dcgmi(run, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{empty}{os.pathsep}{python_dir}{os.pathsep}/usr/bin{os.pathsep}/bin")
     if any((Path(d) / "dcgmi").exists() for d in os.environ["PATH"].split(os.pathsep)):
         pytest.skip("this machine has a real dcgmi in /usr/bin")
-    result = run("test_burnin.py", "-k", "dcgm")
+    result = run("test_fabric.py", "-k", "dcgm")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(
         ["*DCGM diagnostics: 'dcgmi' is not on PATH on * (DCGM is not installed there)*"]

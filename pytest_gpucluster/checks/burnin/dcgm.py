@@ -174,3 +174,17 @@ def diag_checks(node: str, report: DiagReport, level: int) -> DcgmVerdict:
             checks += more
             suspects += named
     return DcgmVerdict(tuple(checks), tuple(suspects), tuple(warned))
+
+
+def fleet_checks(found: NodeReports, level: int) -> DcgmVerdict:
+    """Every node's verdict together: the nodes whose DCGM output was broken, the nodes without
+    DCGM while others have it (their GPUs went undiagnosed), and each diagnosed node's results."""
+    checks = [*found.broken, *(missing_check(node, why) for node, why in found.missing)]
+    suspects: list[Suspect] = []
+    warned: list[str] = []
+    for node, report in found.reports:
+        verdict = diag_checks(node, report, level)
+        checks += verdict.checks
+        suspects += verdict.suspects
+        warned += verdict.warnings
+    return DcgmVerdict(tuple(checks), tuple(suspects), tuple(warned))
