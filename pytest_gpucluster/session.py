@@ -139,6 +139,9 @@ class GpuClusterSession:
 
         self.probed = facts
         self.recorder.header["nodes"] = facts.to_json()
+        if self.baseline is not None and self.recorder.gate is not None:
+            # The gate started before the probe: now it can also name a link or port that changed.
+            self.start_gate(self.baseline)
         # A job's facts are left for the xdist workers; a local reading they take themselves
         # (cheap), so that a session of plain tests leaves no results directory behind.
         if not self.is_xdist_worker and facts.source.startswith("probe job"):

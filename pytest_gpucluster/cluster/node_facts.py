@@ -28,7 +28,7 @@ from pytest_gpucluster.errors import ParseError
 from pytest_gpucluster.parsers.fabric_ports import IbPort, parse_snapshot
 from pytest_gpucluster.parsers.nvidia_smi import parse_smi_processes, parse_smi_table
 
-__all__ = ["NODE_CAPABILITIES", "ClusterFacts", "GpuFact", "NodeFacts", "node_facts"]
+__all__ = ["NODE_CAPABILITIES", "ClusterFacts", "GpuFact", "NetLink", "NodeFacts", "node_facts"]
 
 NODE_CAPABILITIES = ("cuda", "nccl", "nvml", "nvlink", "ib", "roce", "efa")
 """The capabilities judged per node; ``slurm``, ``mpi`` and ``multi-node`` are the controller's."""
@@ -47,6 +47,19 @@ class GpuFact:
     def name_cut(self) -> bool:
         """nvidia-smi's table cuts long names (``Tesla P100-SXM2...``): such a name is not the part's."""
         return self.name.endswith("...")
+
+
+@dataclass(frozen=True, slots=True)
+class NetLink:
+    """One network interface of a node: state, negotiated speed and any rate it is shaped to."""
+
+    name: str
+    operstate: str | None = None
+    speed_mbps: int | None = None
+    shaped_bytes_per_s: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +82,7 @@ class NodeFacts:
     torch_problem: str | None = None
     nvlink_active: bool | None = None
     ib_ports: tuple[IbPort, ...] = ()
+    links: tuple[NetLink, ...] = ()
     processes: tuple[Mapping[str, Any], ...] = ()
     """GPU processes in `workloads.gpu_processes`' record form (gpu, uuid, pid, used_bytes, name)."""
     processes_problem: str | None = None
@@ -135,6 +149,7 @@ class NodeFacts:
             for g in self.gpus
         ]
         data["ib_ports"] = [p.to_json() for p in self.ib_ports]
+        data["links"] = [link.to_json() for link in self.links]
         data["processes"] = [dict(p) for p in self.processes]
         data["env"] = dict(self.env)
         return data
@@ -144,6 +159,7 @@ class NodeFacts:
         values = dict(data)
         values["gpus"] = tuple(GpuFact(**g) for g in data.get("gpus") or ())
         values["ib_ports"] = tuple(_port_from_json(p) for p in data.get("ib_ports") or ())
+        values["links"] = tuple(NetLink(**link) for link in data.get("links") or ())
         values["processes"] = tuple(dict(p) for p in data.get("processes") or ())
         values["env"] = dict(data.get("env") or {})
         return cls(**{k: v for k, v in values.items() if k in cls.__dataclass_fields__})
@@ -229,6 +245,10 @@ def node_facts(record: Mapping[str, Any], host: str | None = None) -> NodeFacts:
         nccl_available=record.get("nccl_available"),
         torch_problem=record.get("torch_error"),
         ib_ports=ports,
+        links=tuple(
+            NetLink(str(name), **{k: v for k, v in link.items() if k in NetLink.__dataclass_fields__})
+            for name, link in sorted((record.get("links") or {}).items())
+        ),
         probe_pid=record.get("pid"),
         cpus=int(slurm_cpus) if slurm_cpus.isdigit() else record.get("cpu_count"),
         env=redact_env({str(k): str(v) for k, v in (record.get("env") or {}).items()}),

@@ -25,6 +25,7 @@ from pytest_gpucluster.results.gate import (
     latest_by_key,
 )
 from pytest_gpucluster.results.model import READABLE_VERSIONS, SCHEMA_VERSION, Measurement, TestOutcome
+from pytest_gpucluster.results.node_diff import node_changes
 
 __all__ = [
     "BaselineComparison",
@@ -62,6 +63,8 @@ class RunResults:
     started_at: float | None = None
     baseline: dict[str, Any] | None = None
     """The comparison stored by a run made with ``--baseline`` (``BaselineComparison.to_json``)."""
+    nodes: tuple[dict[str, Any], ...] = ()
+    """The per-node probe's facts (``nodes.nodes`` in results.json), for `environment_diff`."""
     regression: dict[str, Any] | None = None
     """The gate's settings the run was made with (tolerances, mode), so that ``gpucluster
     compare`` judges its two files as the run itself did."""
@@ -102,6 +105,9 @@ class RunResults:
             baseline=data.get("baseline"),
             regression=data.get("regression"),
             fleet=data.get("fleet"),
+            nodes=tuple(
+                dict(n) for n in (data.get("nodes") or {}).get("nodes") or () if isinstance(n, Mapping)
+            ),
         )
 
 
@@ -284,7 +290,8 @@ def machine_diff(baseline: RunResults, current: RunResults) -> list[str]:
 
 
 def environment_diff(baseline: RunResults, current: RunResults) -> list[EnvChange]:
-    """Software versions, GPU, hosts, kernel, profile and NCCL environment that differ."""
+    """Software versions, GPU, hosts, kernel, profile, NCCL environment, and the nodes' links and
+    fabric ports (`node_diff`) that differ."""
     a, b = baseline.fingerprint, current.fingerprint
     pairs: list[tuple[str, Any, Any]] = [
         ("GPU model", a.get("gpu_model"), b.get("gpu_model")),
@@ -305,4 +312,5 @@ def environment_diff(baseline: RunResults, current: RunResults) -> list[EnvChang
     eb = {**(b.get("environment") or {}), **current.nccl_env}
     for name in sorted(set(ea) | set(eb)):
         pairs.append((name, ea.get(name, "(unset)"), eb.get(name, "(unset)")))
+    pairs += node_changes(baseline.nodes, current.nodes)
     return [EnvChange(what, _show(x), _show(y)) for what, x, y in pairs if _show(x) != _show(y)]

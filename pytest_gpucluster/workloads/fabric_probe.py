@@ -44,7 +44,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["IB_PORT_ATTRS", "NET_ATTRS", "node_snapshot", "read_interface", "read_qdisc", "snapshot"]
+__all__ = [
+    "IB_PORT_ATTRS",
+    "NET_ATTRS",
+    "node_snapshot",
+    "read_interface",
+    "read_links",
+    "read_qdisc",
+    "snapshot",
+]
 
 IB_PORT_ATTRS = ("state", "phys_state", "rate", "link_layer")
 NET_ATTRS = ("operstate", "speed", "mtu")
@@ -136,6 +144,43 @@ def read_qdisc(interface: str, tc: str = "tc", timeout_s: float = QDISC_TIMEOUT_
             "error": f"'{' '.join(argv)}' exited {done.returncode}: {(done.stderr or done.stdout).strip()}"
         }
     return {"json": done.stdout.strip()}
+
+
+def _shaped_rate(qdisc_json: str) -> int | None:
+    """The root qdisc's rate in bytes/s (``tc -j`` prints ``tbf``'s ``options.rate`` so), if any."""
+    try:
+        entries = json.loads(qdisc_json)
+    except ValueError:
+        return None
+    for entry in entries if isinstance(entries, list) else ():
+        rate = (entry.get("options") or {}).get("rate") if isinstance(entry, dict) else None
+        if isinstance(entry, dict) and entry.get("root") and isinstance(rate, int):
+            return rate
+    return None
+
+
+def read_links(sysfs_root: Path, *, shaping: bool, tc: str = "tc") -> dict[str, dict[str, Any]]:
+    """Per network interface but ``lo``: its operstate, its speed in Mb/s (None where the driver
+    has none: veth, or a link that is down) and, with ``shaping``, the rate its root qdisc holds it
+    to (``tc``; only for the live /sys, whose interfaces are this node's). A link that negotiated
+    down or was shaped is a change of environment the regression gate names."""
+    links: dict[str, dict[str, Any]] = {}
+    for name in _list(sysfs_root / "class" / "net"):
+        if name == "lo":
+            continue
+        base = sysfs_root / "class" / "net" / name
+        speed, _ = _read(base / "speed")
+        state, _ = _read(base / "operstate")
+        shaped = None
+        if shaping:
+            qdisc = read_qdisc(name, tc)
+            shaped = _shaped_rate(qdisc["json"]) if "json" in qdisc else None
+        links[name] = {
+            "operstate": state,
+            "speed_mbps": int(speed) if speed and speed.lstrip("-").isdigit() and int(speed) > 0 else None,
+            "shaped_bytes_per_s": shaped,
+        }
+    return links
 
 
 def read_interface(sysfs_root: Path, name: str, *, qdisc: bool = False, tc: str = "tc") -> dict[str, Any]:

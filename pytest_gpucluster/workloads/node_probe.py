@@ -195,6 +195,7 @@ def read_node(
         "slurm_cpus_on_node": os.environ.get("SLURM_CPUS_ON_NODE"),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "infiniband": fabric_probe.read_ib_ports(Path(root)),
+        "links": fabric_probe.read_links(Path(root), shaping=root == "/sys"),
         "sysfs_root": root,
         "env": matching_env(env_patterns),
     }

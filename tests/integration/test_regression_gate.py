@@ -11,10 +11,9 @@ profile of this test's own (``PROFILE``: one inter-node check, a 1-4 MiB sweep, 
     pass (``AGAIN`` runs against it; each run costs ~20-30 s here, mostly torch start-up in the
     agents and ranks, so CI time decides how many);
 (b) the links cut by 30%, a run against the same baseline fails, naming inter-node busbw and the
-    size, after a confirmation job; its report shows the comparison and the environment diff.
-    A tbf rate lives in no file the fingerprint reads (versions, GPUs, hosts, NCCL env, rank CPU
-    quota), so that diff reads "nothing in the environment fingerprint" here: per-node link facts
-    (speed, shaping) in the fingerprint are a follow-up.
+    size, after a confirmation job; its report shows the comparison and what changed: the per-node
+    probe reads each node's links (speed, and the rate a root qdisc holds it to), so the diff names
+    both nodes' links "shaped to 800 Mbit/s -> 560 Mbit/s" (results/node_diff.py).
 
 Every gated run is checked against ``gpucluster compare`` on the same two files: the same rows,
 the same verdict (the lines it prints are the ones the run stored, and its exit code is pytest's).
@@ -27,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -193,6 +193,8 @@ def test_same_rate_passes_and_a_30_percent_cut_fails_naming_busbw_and_size(two_n
     report = (slow.path / "report.md").read_text()
     assert "## Comparison with the baseline" in report
     assert "| REGRESSION | collectives.all_reduce.busbw [inter-node] (size_bytes=4194304," in report
-    # the link rate is not in the fingerprint (see the module docstring): the diff says so plainly
-    assert "what changed: nothing in the environment fingerprint" in report
+    # the probe read each node's link shaped to the new rate: the diff names node, link and rates
+    shaped = f"shaped to {RATE / 1e6:g} Mbit/s -> {RATE * CUT / 1e6:g} Mbit/s"
+    assert re.search(rf"what changed: .*\S+ \S+ {shaped}", report), report
+    assert shaped in slow.output  # the failing test says it too
     assert "load average at the start (1 min): baseline " in report
