@@ -19,15 +19,19 @@ REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
 
 RUN_SOURCE = """
+from pytest_gpucluster.results.model import Check
+
 SIZES = [2**k for k in range(10, 22, 2)]
 
 
 def test_sweep(results):
+    checks = []
     for scope, peak in (("intra-node", 100e9), ("inter-node", 25e9)):
         for i, size in enumerate(SIZES):
             threshold = peak / 10 if size >= 2**18 else None
-            results.check("collectives.all_reduce.busbw", peak * (i + 1) / len(SIZES), threshold,
-                          unit="B/s", scope=scope, labels={"size_bytes": size})
+            checks.append(Check("collectives.all_reduce.busbw", peak * (i + 1) / len(SIZES), "B/s", threshold,
+                                scope=scope, labels={"size_bytes": size}))
+    results.check_all(checks)
 
 
 def test_ranks(results):
@@ -173,8 +177,8 @@ def test_sigkill_mid_run_leaves_valid_results_with_earlier_measurements(tmp_path
 
 
 EXPECTED_ROW = (
-    "REGRESSION collectives.all_reduce.busbw [inter-node] (size_bytes=1048576) 50 GB/s 25 GB/s -50.0% "
-    "higher is better (floor (>=))"
+    "REGRESSION collectives.all_reduce.busbw [inter-node] (size_bytes=1048576) 50 GB/s - 25 GB/s -50.0% -50.0% "
+    "-25% same point"
 )
 """1 MiB inter-node: 25 GB/s measured, 50 GB/s in the doubled baseline."""
 
@@ -193,7 +197,7 @@ def test_baseline_gate_passes_on_same_values_and_fails_on_doubled_busbw(first_ru
         f"--baseline={first_run / 'results.json'}",
     )
     assert same.returncode == 0, same.stdout + same.stderr
-    assert "no regression beyond 5% in 16 compared measurement(s)" in same.stdout
+    assert "no regression in 4 gated measurement(s); 12 more compared and shown, not gated" in same.stdout
 
     data = json.loads((first_run / "results.json").read_text())
     for m in data["measurements"]:
@@ -207,15 +211,14 @@ def test_baseline_gate_passes_on_same_values_and_fails_on_doubled_busbw(first_ru
     assert worse.returncode == 1, worse.stdout + worse.stderr
     out = worse.stdout
     assert EXPECTED_ROW in _squeezed(out)
-    assert "FAILED: 12 measurement(s) regressed more than 5%" in out
-    assert out.index("FAILED: 12 measurement(s)") < out.index("results: ")  # the table comes before the end
+    # the 4 gated points (those with a threshold: 256 KiB and up) fail, each past cpu-local's 25% for
+    # collectives; the 8 info points of the curve are shown, never failed on
+    assert "FAILED: 4 measurement(s) regressed beyond their tolerance" in out
+    assert out.index("FAILED: 4 measurement(s)") < out.index("results: ")  # the table comes before the end
     saved = json.loads((tmp_path / "worse" / "results.json").read_text())
-    gate = saved["outcomes"][-1]
-    assert (gate["test_id"], gate["category"]) == ("gpucluster::baseline", "performance")
-    assert (
-        "collectives.all_reduce.busbw [inter-node] (size_bytes=1024): 8.333 GB/s -> 4.167 GB/s (-50.0%"
-        in gate["message"]
-    )
+    failed = [o for o in saved["outcomes"] if o["outcome"] == "failed"]
+    assert [(o["test_id"], o["category"]) for o in failed] == [("test_bw.py::test_sweep", "performance")]
+    assert "REGRESSION collectives.all_reduce.busbw [intra-node] (size_bytes=262144)" in failed[0]["message"]
     assert "Comparison with the baseline" in (tmp_path / "worse" / "report.md").read_text()
 
     agree = _gpucluster("compare", str(doubled), str(tmp_path / "worse" / "results.json"))
