@@ -54,31 +54,28 @@ class NodeReports:
     broken: tuple[Check, ...]
 
 
+def _node_failure(node: str, hint: str) -> Check:
+    """A failing check for all of a node's GPUs at once (no DCGM report to judge them by)."""
+    return Check(
+        METRIC, 1.0, "failures", 0.0, "<=", labels={"node": node, "gpu": "all", "test": "(dcgmi)"}, hint=hint
+    )
+
+
 def _broken(node: str, why: str, value: Mapping[str, Any]) -> Check:
     stderr = str(value.get("stderr") or "").strip()
     tail = f" stderr: {stderr[-500:]}" if stderr else ""
-    return Check(
-        METRIC,
-        1.0,
-        "failures",
-        0.0,
-        "<=",
-        labels={"node": node, "gpu": "all", "test": "(dcgmi)"},
-        hint=f"dcgmi diag on node {node} gave no report: {why} (exit code {value.get('returncode')}).{tail} "
+    return _node_failure(
+        node,
+        f"dcgmi diag on node {node} gave no report: {why} (exit code {value.get('returncode')}).{tail} "
         "Is nv-hostengine running there (dcgmi discovery -l)?",
     )
 
 
 def missing_check(node: str, why: str) -> Check:
     """A node without ``dcgmi`` while other nodes have it: its GPUs went undiagnosed."""
-    return Check(
-        METRIC,
-        1.0,
-        "failures",
-        0.0,
-        "<=",
-        labels={"node": node, "gpu": "all", "test": "(dcgmi)"},
-        hint=f"{why}, while other nodes of this run have DCGM: node {node}'s GPUs were not diagnosed. "
+    return _node_failure(
+        node,
+        f"{why}, while other nodes of this run have DCGM: node {node}'s GPUs were not diagnosed. "
         "Install DCGM there (and start nv-hostengine), or take the node out of the hostfile.",
     )
 
