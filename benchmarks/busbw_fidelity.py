@@ -59,7 +59,7 @@ from typing import Any
 
 from ratio_stats import MedianCI, median_ci, paired_ratios
 from rounds import RoundRecord, StopRule, report_lines, run_interleaved
-from sides import REFERENCE_DIR, REPO, local_cluster, run_plain_torchrun
+from sides import RANK_SCHED_CHOICES, REFERENCE_DIR, REPO, local_cluster, rank_sched, run_plain_torchrun
 
 sys.path.insert(0, str(REPO))
 
@@ -71,6 +71,7 @@ from pytest_gpucluster.profiles.schema import SweepSettings
 
 REFERENCE = REFERENCE_DIR / "busbw_bench.py"
 SEED_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+WARMUP_ROUNDS = 1
 NEEDS = "busbw_fidelity --nccl-tests needs CUDA and nccl-tests binaries"
 
 
@@ -90,11 +91,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--nproc", type=int, default=None, help="ranks (default 2; every GPU with --nccl-tests)"
     )
     parser.add_argument(
-        "--iters", type=int, default=10, help="timed collectives per size: harness -n, reference trials"
+        "--iters", type=int, default=20, help="timed collectives per size: harness -n, reference trials"
     )
-    parser.add_argument("--warmup", type=int, default=2, help="untimed collectives first (the seed's 2)")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed collectives first")
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help="A/A control: the reference against a second job of itself in the harness's place"
+        " (this machine's noise floor; no harness runs)",
+    )
+    parser.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="the reference also times its trials back to back (a second reading; doubles its job)",
+    )
     parser.add_argument(
         "--nccl-tests", type=Path, default=None, metavar="DIR", help="compare with nccl-tests binaries in DIR"
+    )
+    parser.add_argument(
+        "--rank-sched",
+        choices=RANK_SCHED_CHOICES,
+        default=None,
+        help="how both sides' ranks are scheduled (default quiet on CPU, none with --nccl-tests)",
     )
     parser.add_argument("--tolerance", type=float, default=0.02)
     parser.add_argument("--min-rounds", type=int, default=6)
@@ -127,8 +145,23 @@ def key(collective: str, size: int) -> str:
 # ------------------------------------------------------------------------------------ the harness
 
 
+def sweep_requests(
+    collectives: Sequence[str], sizes: list[int], factor: int, pending: Sequence[str] | None
+) -> list[SweepRequest]:
+    """The acceptance grid (one sweep per collective over every size) while every point of a
+    collective is pending; one one-size sweep per point still pending once others settled."""
+    requests = []
+    for collective in collectives:
+        wanted = [s for s in sizes if pending is None or key(collective, s) in pending]
+        if wanted == sizes:
+            requests.append(SweepRequest(collective, sizes[0], sizes[-1], factor))
+        else:
+            requests.extend(SweepRequest(collective, s, s, factor) for s in wanted)
+    return requests
+
+
 class Harness:
-    """One ``cluster.run`` of the acceptance sweep per call."""
+    """One ``cluster.run`` of the acceptance sweep per call, over the points still pending."""
 
     def __init__(
         self,
@@ -140,8 +173,8 @@ class Harness:
         results_dir: Path,
     ) -> None:
         self.cluster = local_cluster(args.nproc, backend, results_dir)
-        self.requests = [SweepRequest(c, sizes[0], sizes[-1], factor) for c in collectives]
-        settings = SweepSettings(
+        self.collectives, self.sizes, self.factor, self.backend = collectives, sizes, factor, backend
+        self.settings = SweepSettings(
             min_bytes=sizes[0],
             max_bytes=sizes[-1],
             factor=factor,
@@ -149,21 +182,21 @@ class Harness:
             iters=args.iters,
             check=False,
         )
-        options = job_options(self.requests, settings, repeat=1)
+
+    def __call__(self, pending: Sequence[str] | None = None) -> dict[str, float]:
+        requests = sweep_requests(self.collectives, self.sizes, self.factor, pending)
+        options = job_options(requests, self.settings, repeat=1)
         for sweep in options["sweeps"]:
             sweep["in_place"] = False
-        self.options = options
-        self.timeout = job_timeout(self.requests, settings, 1, backend)
-
-    def __call__(self) -> dict[str, float]:
-        job = self.cluster.run(WORKLOAD, timeout=self.timeout, options=self.options, name="busbw-fidelity")
+        timeout = job_timeout(requests, self.settings, 1, self.backend)
+        job = self.cluster.run(WORKLOAD, timeout=timeout, options=options, name="busbw-fidelity")
         data = collect(job.values)
         out: dict[str, float] = {}
         for collective, got in data.items():
             if got.skipped:
                 raise SystemExit(f"the harness skipped {collective}: {got.skipped}")
             for point in got.points:
-                if not point.in_place:
+                if not point.in_place and (pending is None or key(collective, point.size_bytes) in pending):
                     out[key(collective, point.size_bytes)] = point.busbw_gbs
         return out
 
@@ -172,31 +205,31 @@ class Harness:
 
 
 class SeedReference:
-    """One plain-torchrun job of ``reference/busbw_bench.py`` per call."""
+    """One plain-torchrun job of ``reference/busbw_bench.py`` per call, over the points pending."""
 
     def __init__(
         self, args: argparse.Namespace, collectives: Sequence[str], sizes: list[int], work_dir: Path
     ) -> None:
         self.out = work_dir / "reference.json"
         self.nproc = args.nproc
+        self.points = [(c, s) for c in collectives for s in sizes]
         self.argv = [
-            "--collectives", ",".join(collectives), "--sizes", ",".join(str(s) for s in sizes),
             "--trials", str(args.iters), "--warmup", str(args.warmup), "--backend", "gloo", "--out", str(self.out),
-            "--span",
+            *(["--span"] if args.diagnose else []),
         ]  # fmt: skip
-        self.diagnostics: dict[str, list[dict[str, float]]] = {
-            "busbw_mean_time_gbs": [],
-            "busbw_span_gbs": [],
-        }
-        """Per diagnostic, per round: the reference's other readings of the same collectives."""
+        self.diagnostics: dict[str, dict[str, list[float]]] = {"busbw_mean_time_gbs": {}}
+        if args.diagnose:
+            self.diagnostics["busbw_span_gbs"] = {}
+        """Per diagnostic, per key, per call (warm-up first): the reference's other readings."""
 
-    def __call__(self) -> dict[str, float]:
+    def __call__(self, pending: Sequence[str] | None = None) -> dict[str, float]:
         self.out.unlink(missing_ok=True)
-        run_plain_torchrun(REFERENCE, self.nproc, self.argv)
-        record = json.loads(self.out.read_text())
-        results = record["results"]
-        for name, per_round in self.diagnostics.items():
-            per_round.append({key(r["collective"], r["size_bytes"]): r[name] for r in results})
+        points = [f"{c}:{s}" for c, s in self.points if pending is None or key(c, s) in pending]
+        run_plain_torchrun(REFERENCE, self.nproc, [*self.argv, "--points", ",".join(points)])
+        results = json.loads(self.out.read_text())["results"]
+        for name, per_key in self.diagnostics.items():
+            for r in results:
+                per_key.setdefault(key(r["collective"], r["size_bytes"]), []).append(r[name])
         return {key(r["collective"], r["size_bytes"]): r["busbw_gbs"] for r in results}
 
 
@@ -215,11 +248,15 @@ class NcclTestsReference:
         self.tail = ["-b", str(sizes[0]), "-e", str(sizes[-1]), "-f", str(factor), "-g", str(args.nproc),
                      "-w", str(args.warmup), "-n", str(args.iters), "-c", "0", "-d", "float", "-o", "sum"]  # fmt: skip
 
-    def __call__(self) -> dict[str, float]:
+    def __call__(self, pending: Sequence[str] | None = None) -> dict[str, float]:
+        """Each binary whose collective has a point pending runs its whole range (one launch);
+        only the pending points are returned."""
         from pytest_gpucluster.parsers.nccl_tests import parse
 
         out: dict[str, float] = {}
         for collective, binary in self.binaries.items():
+            if pending is not None and not any(k.startswith(f"{collective} ") for k in pending):
+                continue
             argv = [str(binary), *self.tail]
             done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
             log = self.work_dir / f"{collective}.log"
@@ -228,7 +265,8 @@ class NcclTestsReference:
                 raise SystemExit(f"{' '.join(argv)} exited with {done.returncode}; its output is in {log}")
             for run in parse(done.stdout, str(log)):
                 for row in run.rows:
-                    if row.out_of_place is not None:
+                    wanted = pending is None or key(collective, row.size_bytes) in pending
+                    if row.out_of_place is not None and wanted:
                         out[key(collective, row.size_bytes)] = row.out_of_place.busbw_gbs
         return out
 
@@ -292,9 +330,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.nproc < 2:
         raise SystemExit(f"--nproc {args.nproc}: busbw needs at least 2 ranks (its factor is 0 for one)")
 
-    with tempfile.TemporaryDirectory(prefix="busbw-fidelity-") as tmp:
+    sched = rank_sched(args.rank_sched or ("none" if nccl else "quiet"))
+    with sched as sched_line, tempfile.TemporaryDirectory(prefix="busbw-fidelity-") as tmp:
         work = Path(tmp)
-        harness = Harness(args, collectives, sizes, factor, "nccl" if nccl else "gloo", work / "jobs")
+        harness: Any = Harness(args, collectives, sizes, factor, "nccl" if nccl else "gloo", work / "jobs")
+        if args.control:
+            if nccl:
+                raise SystemExit(
+                    "--control runs the seed reference against itself; it does not combine with --nccl-tests"
+                )
+            (work / "control").mkdir()
+            harness = SeedReference(args, collectives, sizes, work / "control")
         reference: Any = (
             NcclTestsReference(args, binaries, sizes, factor, work)
             if nccl
@@ -303,24 +349,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         name = "nccl-tests" if nccl else "all_reduce_bench"
         print(
             f"busbw, {args.nproc} {'nccl' if nccl else 'gloo'} ranks, {', '.join(collectives)} at"
-            f" {', '.join(human_size(s) for s in sizes)}; harness = cluster.run({WORKLOAD}),"
+            f" {', '.join(human_size(s) for s in sizes)};"
+            f" harness = {'all_reduce_bench again (--control)' if args.control else f'cluster.run({WORKLOAD})'},"
             f" reference = {name}; {args.warmup} warm-up + {args.iters} timed per size",
             flush=True,
         )
-        comparison = run_interleaved(harness, reference, rule, on_round=_progress)
+        print(sched_line, flush=True)
+        comparison = run_interleaved(
+            harness, reference, rule, on_round=_progress, warmup_rounds=WARMUP_ROUNDS, drop_converged=True
+        )
     print()
     for line in report_lines(comparison, lambda k: f"{k} busbw", "GB/s", "harness", name):
         print(line)
-    if not nccl:
-        _print_diagnostic(comparison, reference.diagnostics)
+    if not nccl and not args.control:
+        _print_diagnostic(comparison, reference.diagnostics, WARMUP_ROUNDS)
     return 0
 
 
-def _print_diagnostic(comparison: Any, diagnostics: Mapping[str, list[dict[str, float]]]) -> None:
+def _print_diagnostic(
+    comparison: Any, diagnostics: Mapping[str, Mapping[str, list[float]]], warmup_rounds: int
+) -> None:
     """Where a gap comes from. The seed averages per-trial rates of isolated collectives; the
     harness (as nccl-tests) divides a span of back-to-back collectives by their count. The same
-    reference job also reads its trials both other ways; the harness's busbw over each, paired
-    by round, shows how much of a gap is the definition rather than the harness."""
+    reference job also reads its trials other ways (the mean duration always, the span with
+    ``--diagnose``); the harness's busbw over each, paired by round, shows how much of a gap is
+    the definition rather than the harness. The warm-up calls come first in each list."""
     titles = {
         "busbw_mean_time_gbs": "vs the trials' mean duration",
         "busbw_span_gbs": "vs a back-to-back span (nccl-tests' timing)",
@@ -329,8 +382,9 @@ def _print_diagnostic(comparison: Any, diagnostics: Mapping[str, list[dict[str, 
     print("  median paired quotient (95% CI):")
     for k in comparison.keys:
         cells = []
-        for name, per_round in diagnostics.items():
-            ci = median_ci(paired_ratios(comparison.values(k, "harness"), [m[k] for m in per_round]))
+        for name, per_key in diagnostics.items():
+            theirs = per_key[k][warmup_rounds:]
+            ci = median_ci(paired_ratios(comparison.values(k, "harness"), theirs))
             interval = f"{ci.lo:.3f}-{ci.hi:.3f}" if ci.has_interval else "no CI yet"
             cells.append(f"{titles[name]} {ci.median:.3f} ({interval})")
         print(f"  {k}: {'; '.join(cells)}")

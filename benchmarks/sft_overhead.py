@@ -40,7 +40,7 @@ from typing import Any
 
 from ratio_stats import MedianCI, median_ci, paired_ratios
 from rounds import RoundRecord, StopRule, report_lines, run_interleaved
-from sides import REFERENCE_DIR, REPO, local_cluster, run_plain_torchrun
+from sides import RANK_SCHED_CHOICES, REFERENCE_DIR, REPO, local_cluster, rank_sched, run_plain_torchrun
 
 sys.path.insert(0, str(REPO))
 
@@ -60,6 +60,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per job first")
     parser.add_argument(
         "--nproc", type=int, default=None, help="ranks (default: the profile's ranks_per_node)"
+    )
+    parser.add_argument(
+        "--rank-sched",
+        choices=RANK_SCHED_CHOICES,
+        default="quiet",
+        help="how both sides' ranks are scheduled (sides.rank_sched; default quiet)",
     )
     parser.add_argument("--tolerance", type=float, default=0.02)
     parser.add_argument("--min-rounds", type=int, default=6)
@@ -149,7 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     options, case, backend, nproc = harness_options(args)
     rule = StopRule(args.tolerance, 0.95, args.min_rounds, args.max_rounds, args.max_seconds)
-    with tempfile.TemporaryDirectory(prefix="sft-overhead-") as tmp:
+    sched = rank_sched(args.rank_sched)
+    with sched as sched_line, tempfile.TemporaryDirectory(prefix="sft-overhead-") as tmp:
         harness = Harness(options, backend, nproc, Path(tmp) / "jobs")
         reference = Reference(options, backend, nproc, Path(tmp))
         print(
@@ -159,7 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f" reference = {REFERENCE.name} by plain torchrun",
             flush=True,
         )
-        comparison = run_interleaved(harness, reference, rule, on_round=_progress)
+        print(sched_line, flush=True)
+        comparison = run_interleaved(harness, reference, rule, on_round=_progress, warmup_rounds=1)
     if harness.params != reference.params:
         raise SystemExit(
             f"the two sides trained different models ({sorted(harness.params)} against"

@@ -57,7 +57,12 @@ FLOAT32_BYTES = 4
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--collectives", default="all_reduce,all_gather,reduce_scatter")
-    parser.add_argument("--sizes", required=True, help="comma-separated sizes in bytes")
+    parser.add_argument("--sizes", default=None, help="comma-separated sizes in bytes")
+    parser.add_argument(
+        "--points",
+        default=None,
+        help="COLLECTIVE:BYTES,... measured in this order, instead of --collectives x --sizes",
+    )
     parser.add_argument("--trials", type=int, default=5, help="timed trials per size (the seed's 5)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed trials first (the seed's 2)")
     parser.add_argument("--backend", default=None, help="gloo or nccl (default: nccl with CUDA)")
@@ -66,7 +71,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--out", type=Path, required=True, help="where rank 0 writes the results")
     args = parser.parse_args(argv)
-    unknown = sorted(set(args.collectives.split(",")) - set(FACTORS))
+    if (args.points is None) == (args.sizes is None):
+        parser.error("give either --sizes (with --collectives) or --points")
+    try:
+        args.point_list = (
+            [(c, int(b)) for c, _, b in (p.partition(":") for p in args.points.split(","))]
+            if args.points
+            else [(c, int(b)) for c in args.collectives.split(",") for b in args.sizes.split(",")]
+        )
+    except ValueError:
+        parser.error(f"sizes are whole numbers of bytes: --points {args.points!r} --sizes {args.sizes!r}")
+    unknown = sorted({c for c, _ in args.point_list} - set(FACTORS))
     if unknown:
         parser.error(f"unknown collective(s) {unknown}; this reference covers {sorted(FACTORS)}")
     if args.trials < 1 or args.warmup < 0:
@@ -165,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.set_device(local_rank)  # the seed's init_processes
         device = torch.device("cuda", local_rank)
     dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
-    points = [(c, int(size)) for c in args.collectives.split(",") for size in args.sizes.split(",")]
+    points = args.point_list
     # With --span the two timings alternate which goes first, point by point.
     results = [bench(c, size, args, device, span_first=i % 2 == 1) for i, (c, size) in enumerate(points)]
     if dist.get_rank() == 0:

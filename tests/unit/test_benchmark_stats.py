@@ -228,6 +228,46 @@ def test_the_time_budget_never_cuts_below_min_rounds() -> None:
     assert len(result.rounds) == 6
 
 
+def test_warmup_rounds_run_both_sides_unrecorded_and_count_against_the_budget() -> None:
+    calls: list[str] = []
+    clock = FakeClock()
+    # the warm-up round reads 2.0: were it recorded, the median of 6 would not be 1.1
+    harness, reference = _sides(calls, clock, [2.0] + [1.1] * 50, seconds=10.0)
+    rule = rounds.StopRule(min_rounds=6, max_rounds=50, max_seconds=1e6)
+    result = rounds.run_interleaved(harness, reference, rule, clock=clock, warmup_rounds=1)
+    assert calls[:2] == ["harness", "reference"]
+    assert len(result.rounds) == 6 and result.rounds[0].index == 0
+    assert [r.harness["k"] for r in result.rounds] == [1.1] * 6
+    assert result.elapsed_s == pytest.approx(7 * 20.0)
+    with pytest.raises(ValueError, match="warmup_rounds must be 0 or more"):
+        rounds.run_interleaved(harness, reference, rule, clock=clock, warmup_rounds=-1)
+
+
+def test_drop_converged_stops_measuring_a_settled_key_and_spends_the_rounds_on_the_noisy_one() -> None:
+    asked: list[tuple[str, ...] | None] = []
+    noisy = iter([1.0 + (0.2 if i % 2 else -0.2) for i in range(100)])
+
+    def side(is_harness: bool):
+        def run(pending: tuple[str, ...] | None) -> dict[str, float]:
+            asked.append(pending)
+            keys = pending if pending is not None else ("steady", "noisy")
+            values = {"steady": 1.0, "noisy": next(noisy) if is_harness else 1.0}
+            return {k: values[k] for k in keys}
+
+        return run
+
+    rule = rounds.StopRule(min_rounds=6, max_rounds=10, max_seconds=1e6)
+    result = rounds.run_interleaved(
+        side(True), side(False), rule, clock=FakeClock(), warmup_rounds=1, drop_converged=True
+    )
+    # the warm-up and the first round's first side: every key; its second side: what the first measured
+    assert asked[:4] == [None, None, None, ("steady", "noisy")]
+    assert asked[2 + 2 * 6 :] == [("noisy",)] * (2 * 4)  # settled after 6 rounds, never asked again
+    assert result.cis["steady"].n == 6 and result.cis["noisy"].n == 10
+    assert len(result.values("steady", "harness")) == 6
+    assert result.stopped.startswith("round limit")
+
+
 def test_a_side_that_changes_its_keys_is_an_error() -> None:
     # round 1: harness, reference; round 2: the reference first, then the harness's new key
     answers = iter([{"a": 1.0}, {"a": 1.0}, {"a": 1.0}, {"b": 1.0}])
@@ -325,6 +365,44 @@ def test_the_nccl_tests_reference_reads_the_out_of_place_busbw(busbw: object, tm
     got = reference()
     assert got["all_reduce 4 MiB"] == 65.52  # the out-of-place column; in-place says 66.60
     assert got["all_reduce 8 MiB"] == 90.63
+
+
+def test_the_harness_sweeps_the_grid_until_points_settle_then_only_the_pending_ones(busbw: object) -> None:
+    sizes = [4 << 20, 16 << 20, 64 << 20]
+    grid = busbw.sweep_requests(["all_reduce", "all_gather"], sizes, 4, None)
+    assert [(r.collective, r.min_bytes, r.max_bytes) for r in grid] == [
+        ("all_reduce", 4 << 20, 64 << 20),
+        ("all_gather", 4 << 20, 64 << 20),
+    ]
+    pending = ("all_reduce 4 MiB", "all_reduce 16 MiB", "all_reduce 64 MiB", "all_gather 16 MiB")
+    later = busbw.sweep_requests(["all_reduce", "all_gather"], sizes, 4, pending)
+    assert [(r.collective, r.min_bytes, r.max_bytes) for r in later] == [
+        ("all_reduce", 4 << 20, 64 << 20),
+        ("all_gather", 16 << 20, 16 << 20),
+    ]
+
+
+def test_the_nccl_tests_reference_returns_only_the_pending_points(busbw: object, tmp_path: Path) -> None:
+    log = NCCL_TESTS_DATA / "superbench_a100x8_all_reduce_error_column.log"
+    binary = tmp_path / "all_reduce_perf"
+    binary.write_text(f"#!/bin/sh\ncat '{log}'\n")
+    binary.chmod(0o755)
+    args = SimpleNamespace(nproc=8, warmup=5, iters=20)
+    reference = busbw.NcclTestsReference(args, {"all_reduce": binary}, [4 << 20, 8 << 20], 2, tmp_path)
+    assert reference(("all_reduce 8 MiB",)) == {"all_reduce 8 MiB": 90.63}
+    assert reference(("all_gather 8 MiB",)) == {}  # no binary of that collective is run
+
+
+def test_the_seed_reference_takes_its_points_in_order_or_as_a_grid() -> None:
+    bench = importlib.import_module("reference.busbw_bench")
+    args = bench.parse_args(["--points", "all_gather:2048,all_reduce:1024", "--out", "x.json"])
+    assert args.point_list == [("all_gather", 2048), ("all_reduce", 1024)]
+    args = bench.parse_args(["--collectives", "all_reduce", "--sizes", "1024,4096", "--out", "x.json"])
+    assert args.point_list == [("all_reduce", 1024), ("all_reduce", 4096)]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--out", "x.json"])  # neither --sizes nor --points
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--points", "all_to_all:1024", "--out", "x.json"])  # not covered
 
 
 # --- agreement between runs ---------------------------------------------------------------------
