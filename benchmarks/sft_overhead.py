@@ -56,7 +56,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hw", default="cpu-local", help="the profile whose SFT case to run")
     parser.add_argument("--case", default=None, help="the case's name (default: the profile's first)")
-    parser.add_argument("--steps", type=int, default=20, help="timed steps per job (both sides)")
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per job (both sides)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per job first")
     parser.add_argument(
         "--nproc", type=int, default=None, help="ranks (default: the profile's ranks_per_node)"
@@ -70,7 +70,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tolerance", type=float, default=0.02)
     parser.add_argument("--min-rounds", type=int, default=6)
     parser.add_argument("--max-rounds", type=int, default=30)
-    parser.add_argument("--max-seconds", type=float, default=170.0)
+    parser.add_argument("--max-seconds", type=float, default=175.0)
     return parser.parse_args(argv)
 
 
