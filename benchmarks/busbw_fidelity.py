@@ -25,22 +25,33 @@ destroying the process group and flushing (nccl-tests binaries end as C programs
 is outside every timed span; it matters because an abort at interpreter exit (a gloo teardown
 race, pytorch/pytorch#190489) would fail a reference job the harness never fails.
 
+On CPU both sides' ranks run in the quiet condition (``--rank-sched quiet``, ``sides.rank_sched``):
+rank i pinned to core i and SCHED_FIFO, and a SCHED_IDLE spinner per core so the VM's vCPUs never
+halt. Without it, gloo's wake-ups wait on the host's halt polling and a collective repeated
+within one job moves 6-9% (and 20-35% in a job's first seconds); with it, 2-3%, and it runs
+~1.6x faster. A warm-up round runs first, unrecorded.
+
 Per collective and size it prints the medians of both, then a line ending with the median over
 rounds of the paired ratio harness/reference busbw, then its 95% confidence interval (order
-statistics; ``ratio_stats``). Rounds continue until every interval is within +-2% of its median,
-``--max-rounds``, or the ``--max-seconds`` budget (default ~3 minutes). Target: every interval
-within [0.97, 1.03].
+statistics; ``ratio_stats``). A point whose interval is within +-2% of its median (after 6
+rounds) is not measured again: later rounds run only the pending points (the harness as
+one-size sweeps of the acceptance workload, the reference with ``--points``). Rounds continue
+until every point settled, ``--max-rounds``, or the ``--max-seconds`` budget (default ~3
+minutes). Target: every interval within [0.97, 1.03].
 
-Then, not gated, the harness over the same reference job's two other readings of its
-collectives: the trials' mean duration (the seed averages rates, which reads high when trials
-vary) and a span of as many collectives back to back after one barrier (the reference's
-``--span``: nccl-tests' timing, the harness's). On a 2-core VM an isolated collective runs
-faster than the same collective back to back — in one process on the same buffers
-back-to-back/isolated read 0.81-0.94 at 16 MiB, load ~1.2 — so against the seed the ratio can
-sit below 1 while against the span it does not: that gap is between the two definitions, not in
-the harness.
+``--control`` runs the reference against a second job of itself in the harness's place: the
+same statistics over two identical sides, the noise floor of this machine. No harness/reference
+interval can be narrower than what the control reaches in the same budget.
 
-    python benchmarks/busbw_fidelity.py [--sizes 4M,16M,64M] [--nproc 2] [--iters 10]
+Then, not gated, the harness over the same reference job's other readings of its collectives:
+the trials' mean duration (the seed averages rates, which reads high when trials vary) and, with
+``--diagnose`` (it doubles the reference's job), a span of as many collectives back to back
+after one barrier (nccl-tests' timing, the harness's). Outside the quiet condition an isolated
+collective ran faster than the same collective back to back on the 2-core VM (0.81-0.94 at
+16 MiB in one process), so the definitions could differ there; in the quiet condition the three
+readings agree within their intervals.
+
+    python benchmarks/busbw_fidelity.py [--sizes 4M,16M,64M] [--nproc 2] [--iters 20] [--control]
     python benchmarks/busbw_fidelity.py --nccl-tests ~/nccl-tests/build [--sizes 64M,256M,1G]
 """
 

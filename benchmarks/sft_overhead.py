@@ -18,6 +18,11 @@ worker cannot end otherwise (ZeRO on gloo aborts at interpreter exit in about on
 FEASIBILITY.md section 7), so the reference ends the same way; the end lies outside the timed
 steps either way.
 
+Both sides' ranks run in the quiet condition (``--rank-sched quiet``, ``sides.rank_sched``: rank
+i pinned to core i and SCHED_FIFO, a SCHED_IDLE spinner per core so the VM's vCPUs never halt),
+after an unrecorded warm-up round. Without it the paired rounds on the 2-vCPU VM read 0.70-1.11
+and 6 rounds gave a +-35% interval; with it they read within 1-2% of each other.
+
 A job's figure is the acceptance gate's: the median step time of its slowest rank. The line
 ending in ``ratio`` is the median over rounds of the paired harness/reference step time, the
 next line its 95% CI (order statistics; ``ratio_stats``). Rounds go on until that CI is within
