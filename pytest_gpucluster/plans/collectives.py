@@ -22,12 +22,18 @@ from pytest_gpucluster.errors import ProfileError
 from pytest_gpucluster.harness import Part
 from pytest_gpucluster.maths.metrics import bus_factor
 from pytest_gpucluster.maths.sweep import sweep_sizes
-from pytest_gpucluster.plans.deadlines import DEADLINE_MARGIN, Deadline, explicit_timeout
+from pytest_gpucluster.plans.deadlines import (
+    DEADLINE_MARGIN,
+    Deadline,
+    explicit_timeout,
+    rendezvous_allowance,
+)
 from pytest_gpucluster.profiles.nccl_env import scope_env
 from pytest_gpucluster.profiles.schema import ClusterSection, CollectivesSection, ProfileModel, SweepSettings
 from pytest_gpucluster.results.model import Check
 
 __all__ = [
+    "SWEEP_STARTUP_S",
     "WORKLOAD",
     "SweepRequest",
     "confirmation_part",
@@ -42,6 +48,11 @@ __all__ = [
 ]
 
 WORKLOAD = "pytest_gpucluster.workloads.collectives:sweep_many"
+SWEEP_STARTUP_S = 120.0
+"""The start-up a sweep's deadline and estimate count; the rendezvous allowance adds what the
+session's ``--rendezvous-timeout`` grants beyond it."""
+PER_SWEEP_S = 5.0
+"""What each sweep of a job adds to its deadline and estimate (its set-up and per-size sync)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,10 +133,11 @@ def _floor_work(
     floor = 0.05e9 if backend == "gloo" else 2e9
     calls = _calls(settings, repeat)
     moved = sum(sum(sweep_sizes(r.min_bytes, r.max_bytes, r.factor)) * calls for r in requests)
-    total = 120.0 + 5.0 * len(requests) + moved / floor
+    total = SWEEP_STARTUP_S + PER_SWEEP_S * len(requests) + moved / floor
     text = (
         f"derived from the work: {moved / 1e9:.4g} GB moved ({calls} calls per size) at a "
-        f"{floor / 1e9:g} GB/s floor + 5 s x {len(requests)} sweep(s) + 120 s start-up"
+        f"{floor / 1e9:g} GB/s floor + {PER_SWEEP_S:g} s x {len(requests)} sweep(s) + "
+        f"{SWEEP_STARTUP_S:g} s start-up"
     )
     return total, text
 
@@ -161,10 +173,10 @@ def estimate_sweep_runtime(
     calls = _calls(section.sweep, section.repeat)
     factor = bus_factor(case.collective, max(nranks, 1)) or 1.0
     sized = sum(sum(sweep_sizes(r.min_bytes, r.max_bytes, r.factor)) for r in requests)
-    seconds = 120.0 + 5.0 * len(requests) + sized * calls * factor / busbw
+    seconds = SWEEP_STARTUP_S + PER_SWEEP_S * len(requests) + sized * calls * factor / busbw
     text = (
         f"{sized / 1e9:.4g} GB of sizes x {calls} calls x bus factor {factor:.3g} at {busbw / 1e9:.4g} GB/s "
-        f"({where}) + 5 s x {len(requests)} sweep(s) + 120 s start-up"
+        f"({where}) + {PER_SWEEP_S:g} s x {len(requests)} sweep(s) + {SWEEP_STARTUP_S:g} s start-up"
     )
     return seconds, text
 
@@ -176,12 +188,16 @@ def sweep_deadline(
     backend: str,
     *,
     nranks: int,
+    nodes: int = 1,
     cluster: ClusterSection | None = None,
     settings: Any = None,
 ) -> Deadline:
-    """The deadline of one case's sweeps: an explicit ``--job-timeout`` (``settings``), else the
-    work at the floor rate (`job_timeout`), and never below :data:`DEADLINE_MARGIN` x the run
-    estimated at the expected bandwidth (`estimate_sweep_runtime`)."""
+    """The deadline of one case's sweeps on ``nodes`` nodes: an explicit ``--job-timeout``
+    (``settings``), else the work at the floor rate (`job_timeout`), never below
+    :data:`DEADLINE_MARGIN` x the run estimated at the expected bandwidth (`estimate_sweep_runtime`),
+    plus the rendezvous allowance (`plans.deadlines.rendezvous_allowance`: what ``settings``'
+    ``--rendezvous-timeout`` grants ``nodes`` nodes to start beyond the sweep's own 120 s; none
+    without ``settings``)."""
     estimate = estimate_sweep_runtime(case, requests, section, cluster, nranks) if cluster else None
     estimated = estimate[0] if isinstance(estimate, tuple) else None
     override = explicit_timeout(settings) if settings is not None else None
@@ -191,6 +207,11 @@ def sweep_deadline(
     if estimated is not None and floor_s < estimated * DEADLINE_MARGIN:
         floor_s = estimated * DEADLINE_MARGIN
         why = f"{DEADLINE_MARGIN:g} x the estimated run, above the floor-rate deadline"
+    if settings is not None:
+        allowance, allowance_why = rendezvous_allowance(
+            nodes, settings, covered_s=SWEEP_STARTUP_S, covered_by="the sweep's"
+        )
+        floor_s, why = floor_s + allowance, f"{why} + {allowance_why}"
     return Deadline(floor_s, why, estimated, _estimate_text(estimate))
 
 
@@ -228,8 +249,9 @@ def sweep_part(
         return None
     requests = sweep_requests(case, section.sweep)
     deadline = sweep_deadline(
-        case, requests, section, backend, nranks=nodes * ranks_per_node, cluster=cluster, settings=settings
-    )
+        case, requests, section, backend,
+        nranks=nodes * ranks_per_node, nodes=nodes, cluster=cluster, settings=settings,
+    )  # fmt: skip
     return Part(
         name=f"collectives-{case.id}",
         workload=WORKLOAD,

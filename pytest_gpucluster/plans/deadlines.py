@@ -16,7 +16,8 @@ before anyone noticed, the other be killed healthy. So an SFT case's deadline co
 
 Sweeps derive theirs from the bytes they move (``plans.collectives.sweep_deadline``): at a floor
 rate a fabric fallen back to sockets still beats, and never below the margin over the run estimated
-at the expected bandwidth; an explicit ``--job-timeout`` overrides that too. A deadline below its
+at the expected bandwidth, plus the rendezvous allowance beyond the sweep's own 120 s start-up; an
+explicit ``--job-timeout`` overrides that too. A deadline below its
 estimate (a ``timeout:`` or ``--job-timeout`` set too low) is kept, the user's word, but flagged. Every `Deadline` carries the sentence that says where it came
 from, which ``--gpucluster-dry-run`` prints beside the job. Pure: no pytest, no torch.
 """
@@ -108,17 +109,20 @@ def sft_deadline(case: SftCase, profile: ProfileModel, *, nodes: int, settings: 
     return Deadline(DEFAULT_JOB_TIMEOUT_S, "--job-timeout default", None, how)
 
 
-def rendezvous_allowance(nodes: int, settings: Any) -> tuple[float, str]:
-    """``max(0, rendezvous deadline - 180 s)`` and the sentence the dry run shows: the start-up time
-    the session grants ranks (``--rendezvous-timeout`` for ``nodes`` nodes, `launch.job.rendezvous_deadline`)
-    that the estimate's own 180 s start-up does not already cover."""
+def rendezvous_allowance(
+    nodes: int, settings: Any, *, covered_s: float = STARTUP_S, covered_by: str = "the estimate's"
+) -> tuple[float, str]:
+    """``max(0, rendezvous deadline - covered_s)`` and the sentence the dry run shows: the start-up
+    time the session grants ranks (``--rendezvous-timeout`` for ``nodes`` nodes,
+    `launch.job.rendezvous_deadline`) that the work's own start-up (``covered_s``: the SFT
+    estimate's 180 s by default, a sweep's 120 s) does not already cover."""
     granted = rendezvous_deadline(max(nodes, 1), settings.rendezvous_timeout)
-    allowance = max(0.0, granted - STARTUP_S)
+    allowance = max(0.0, granted - covered_s)
     source = settings.source("rendezvous_timeout")
     text = (
         f"rendezvous allowance {seconds(allowance)}: --rendezvous-timeout {settings.rendezvous_timeout:g} s "
-        f"(from {source}) grants {nodes} node(s) {seconds(granted)} to start, less the estimate's "
-        f"{STARTUP_S:g} s start-up"
+        f"(from {source}) grants {nodes} node(s) {seconds(granted)} to start, less {covered_by} "
+        f"{covered_s:g} s start-up"
     )
     return allowance, text
 

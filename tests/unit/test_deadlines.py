@@ -11,7 +11,12 @@ from types import SimpleNamespace
 import pytest
 
 from pytest_gpucluster.checks.collectives import cases
-from pytest_gpucluster.plans.collectives import estimate_sweep_runtime, sweep_part, sweep_requests
+from pytest_gpucluster.plans.collectives import (
+    estimate_sweep_runtime,
+    sweep_deadline,
+    sweep_part,
+    sweep_requests,
+)
 from pytest_gpucluster.plans.deadlines import (
     DEADLINE_MARGIN,
     MIN_DERIVED_S,
@@ -24,8 +29,17 @@ from pytest_gpucluster.profiles.loader import load_profile
 from pytest_gpucluster.profiles.schema import CollectivesSection
 
 
-def settings(job_timeout: float = DEFAULT_JOB_TIMEOUT_S, source: str = "default", rendezvous: float = 120.0):
-    return SimpleNamespace(job_timeout=job_timeout, rendezvous_timeout=rendezvous, source=lambda name: source)
+def settings(
+    job_timeout: float = DEFAULT_JOB_TIMEOUT_S,
+    source: str = "default",
+    rendezvous: float = 120.0,
+    rendezvous_source: str | None = None,
+):
+    """``source`` is every option's, unless ``rendezvous_source`` gives --rendezvous-timeout its own."""
+    sources = {"rendezvous_timeout": rendezvous_source or source}
+    return SimpleNamespace(
+        job_timeout=job_timeout, rendezvous_timeout=rendezvous, source=lambda name: sources.get(name, source)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -141,3 +155,48 @@ def test_a_sweep_slower_than_the_floor_rate_gets_the_margin_over_its_estimate():
     estimate = estimate_sweep_runtime(case, sweep_requests(case, section.sweep), section, cpu.cluster, 2)
     assert part.timeout_s == pytest.approx(DEADLINE_MARGIN * estimate[0])
     assert "1.5 x the estimated run, above the floor-rate deadline" in part.deadline
+
+
+def test_a_sweep_deadline_grows_with_the_rendezvous_allowance_of_its_nodes(h200):
+    """A 64-node site whose containers take minutes to start sets --rendezvous-timeout 600: its
+    ranks get 726 s to meet, 606 s beyond the sweep's own 120 s start-up, and the sweep's deadline
+    grows by exactly that (said in its why); with the default 120 s, 64 nodes still get 126 s more
+    than one node. An explicit --job-timeout still wins."""
+    case = next(c for c in cases(h200.collectives) if c.id == "all_reduce-inter-node")
+    requests = sweep_requests(case, h200.collectives.sweep)
+
+    def deadline(nodes: int, **kw):
+        return sweep_deadline(
+            case, requests, h200.collectives, "nccl",
+            nranks=nodes * 8, nodes=nodes, cluster=h200.cluster, settings=settings(**kw),
+        )  # fmt: skip
+
+    one = deadline(1)
+    assert "rendezvous allowance 0 s" in one.why and "less the sweep's 120 s start-up" in one.why
+    bare = sweep_deadline(case, requests, h200.collectives, "nccl", nranks=8, cluster=h200.cluster)
+    assert one.seconds == pytest.approx(bare.seconds) and "rendezvous" not in bare.why
+    default_64 = deadline(64)
+    assert default_64.seconds == pytest.approx(deadline(1).seconds + 126.0)
+    assert "grants 64 node(s) 246 s (4.1 min) to start" in default_64.text
+    site_64 = deadline(64, rendezvous=600.0, rendezvous_source="command line")
+    assert site_64.seconds == pytest.approx(one.seconds + 606.0)
+    assert (
+        "+ rendezvous allowance 606 s (10.1 min): --rendezvous-timeout 600 s (from command line) grants "
+        "64 node(s) 726 s (12.1 min) to start, less the sweep's 120 s start-up" in site_64.text
+    )
+    # The deadline always covers what the rendezvous grants, so the ranks are never killed meeting.
+    assert site_64.seconds > 726.0 and deadline(512, rendezvous=600.0).seconds > 600.0 + 2.0 * 511
+    forced = deadline(64, job_timeout=900.0, source="command line", rendezvous=600.0)
+    assert forced.seconds == 900.0 and "rendezvous" not in forced.why
+
+
+def test_a_sweep_part_passes_its_node_count_to_the_allowance(h200):
+    """The inter-node case runs on 2 nodes: its part's deadline gets the 2-node allowance."""
+    case = next(c for c in cases(h200.collectives) if c.id == "all_reduce-inter-node")
+    kw = {"cluster": h200.cluster, "ranks_per_node": 8}
+    short = sweep_part(case, h200.collectives, 64, "nccl", settings=settings(), **kw)
+    long = sweep_part(case, h200.collectives, 64, "nccl", settings=settings(rendezvous=600.0), **kw)
+    # 2 nodes get 122 s by default (2 s beyond the sweep's 120 s start-up), 602 s at 600
+    assert "rendezvous allowance 2 s" in short.deadline
+    assert long.timeout_s == pytest.approx(short.timeout_s + 480.0)
+    assert "grants 2 node(s) 602 s (10 min) to start" in long.deadline
