@@ -37,11 +37,12 @@ from pytest_gpucluster.burnin.runner import ClusterPairRunner
 from pytest_gpucluster.burnin.stragglers import Sample, find_stragglers, sweep_samples, worst_per_host
 from pytest_gpucluster.checks.burnin import health, peers
 from pytest_gpucluster.errors import GpuClusterError
-from pytest_gpucluster.fixtures import job_part
+from pytest_gpucluster.fixtures import job_part, run_with_deadline
 from pytest_gpucluster.harness import Part, PartRun
 from pytest_gpucluster.inputs import read_texts
 from pytest_gpucluster.parsers.nccl_log import parse_nccl_log
 from pytest_gpucluster.plans import burnin as plans
+from pytest_gpucluster.plans.burnin_deadlines import counters_deadline, pair_deadline
 from pytest_gpucluster.session import GpuClusterSession
 
 pytestmark = pytest.mark.burnin
@@ -53,20 +54,28 @@ LAG = "time outside the all_reduce per iteration"
 @job_part
 def health_job(session: GpuClusterSession, params: Mapping[str, Any]) -> Part:
     """One health job on every node at once (the intra-node phase of the localization, too)."""
-    return plans.health_part(session.available_nodes)
+    return plans.health_part(session.available_nodes, session.settings)
 
 
 @job_part
 def straggler_sweep(session: GpuClusterSession, params: Mapping[str, Any]) -> Part:
     """A short all_reduce sweep on every node: each rank's time outside the calls."""
-    return plans.straggler_sweep_part(session.available_nodes)
+    return plans.straggler_sweep_part(session.available_nodes, session.settings, _backend(session))
 
 
 @job_part
 def injected_sweep(session: GpuClusterSession, params: Mapping[str, Any]) -> Part | None:
     """The same sweep with the last rank sleeping before every call (None with fewer than 2 ranks)."""
     world = session.available_nodes * session.ranks_per_node
-    return plans.straggler_sweep_part(session.available_nodes, inject_rank=world - 1) if world >= 2 else None
+    if world < 2:
+        return None
+    return plans.straggler_sweep_part(
+        session.available_nodes, session.settings, _backend(session), inject_rank=world - 1
+    )
+
+
+def _backend(session: GpuClusterSession) -> str:
+    return str(session.profile.model.cluster.backend)
 
 
 def test_rank_health_cpu(health_job: PartRun, hw: Any, judge: Any, rerun_part: Any) -> None:
@@ -145,9 +154,9 @@ def test_injected_straggler_is_named(
 def _counters(cluster: Any, session: Any, hw: Any) -> list[dict[str, Any]]:
     if hw.cluster.device != "cuda":
         pytest.skip(f"profile {hw.name} is a CPU profile: no GPUs, so no ECC or XID counters to read")
-    job = cluster.run(
-        plans.COUNTERS, nodes=session.available_nodes, timeout=plans.JOB_TIMEOUT_S, name="burnin-counters"
-    )
+    nodes = session.available_nodes
+    deadline = counters_deadline(nodes, session.settings)
+    job = run_with_deadline(cluster, plans.COUNTERS, deadline, nodes=nodes, name="burnin-counters")
     if not any(v.get("nvml") for v in job.values):
         pytest.skip(
             "ECC/XID counters: " + (health.skip_sentence(job.values, "nvml") or "NVML returned nothing")
@@ -200,8 +209,10 @@ def test_pairwise_localization(
     b, write = hw.burnin, gpucluster_session.progress or print
     alone = peers.slow_alone(health.intra_node_samples(health_job.values), b.straggler_tolerance)
     nodes = [n for n in cluster.spec.host_names[: gpucluster_session.available_nodes] if n not in alone]
+    deadline = pair_deadline(int(b.pair_size), b.pair_iters, hw.cluster.backend, gpucluster_session.settings)
+    write(f"burn-in pair jobs: {deadline.text}")
     runner = ClusterPairRunner(
-        cluster, size_bytes=int(b.pair_size), iters=b.pair_iters, timeout_s=plans.JOB_TIMEOUT_S,
+        cluster, size_bytes=int(b.pair_size), iters=b.pair_iters, timeout_s=deadline.seconds,
         on_result=lambda rnd, r: write(f"burn-in pair round {rnd}: {r.text()}"),
     )  # fmt: skip
     found = localize(nodes, runner, tolerance=b.straggler_tolerance, floor=b.pair_min_busbw)

@@ -31,9 +31,11 @@ import pytest
 from pytest_gpucluster.checks import fabric
 from pytest_gpucluster.checks.burnin import dcgm, soak
 from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning, ParseError
+from pytest_gpucluster.fixtures import run_with_deadline
 from pytest_gpucluster.parsers.fabric_ports import FabricSnapshot, parse_snapshot
 from pytest_gpucluster.plans import burnin as plans
 from pytest_gpucluster.plans import soak as soak_plan
+from pytest_gpucluster.plans.burnin_deadlines import dcgm_deadline, fabric_deadline
 
 pytestmark = pytest.mark.burnin
 FABRIC_BEFORE = pytest.StashKey[list[FabricSnapshot]]()
@@ -41,11 +43,13 @@ FABRIC_BEFORE = pytest.StashKey[list[FabricSnapshot]]()
 
 
 def _read_fabric(cluster: Any, session: Any) -> list[FabricSnapshot]:
-    job = cluster.run(
+    nodes = session.available_nodes
+    job = run_with_deadline(
+        cluster,
         plans.FABRIC,
-        nodes=session.available_nodes,
+        fabric_deadline(nodes, session.settings),
+        nodes=nodes,
         nproc_per_node=1,
-        timeout=plans.FABRIC_TIMEOUT_S,
         options=plans.fabric_options(),
         name="burnin-fabric",
         init_process_group=False,
@@ -123,11 +127,11 @@ def test_soak(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any) -> Non
 
 def test_dcgm_diag(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any) -> None:
     """DCGM's own diagnostics (dcgmi diag -r <level> -j) on every node, each test result per GPU a check."""
-    settings = hw.burnin.dcgm
-    job = cluster.run(
-        plans.DCGM, nodes=gpucluster_session.available_nodes, nproc_per_node=1, init_process_group=False,
-        timeout=settings.effective_timeout + 60.0, name="burnin-dcgm",
-        options=plans.dcgm_options(settings.level, settings.effective_timeout),
+    settings, nodes = hw.burnin.dcgm, gpucluster_session.available_nodes
+    deadline = dcgm_deadline(settings.effective_timeout, nodes, gpucluster_session.settings)
+    job = run_with_deadline(
+        cluster, plans.DCGM, deadline, nodes=nodes, nproc_per_node=1, init_process_group=False,
+        name="burnin-dcgm", options=plans.dcgm_options(settings.level, settings.effective_timeout),
     )  # fmt: skip
     found = dcgm.node_reports(job.values)
     if not found.reports and not found.broken:

@@ -18,6 +18,7 @@ import pytest
 from pytest_gpucluster.cluster.node_facts import ClusterFacts
 from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning
 from pytest_gpucluster.harness import Part, PartRun, SharedJobs
+from pytest_gpucluster.plans.deadlines import Deadline
 from pytest_gpucluster.profiles.detect import MachineInfo
 from pytest_gpucluster.profiles.schema import ProfileModel
 from pytest_gpucluster.results.recorder import Recorder
@@ -77,6 +78,22 @@ class DryRunCluster:
         for command in self._cluster.commands_for(workload, **kwargs):
             self._write(f"[dry run] {command.host}: {command.shell_line()}")
         pytest.skip("--gpucluster-dry-run: commands printed, nothing launched")
+
+    def show_deadline(self, name: str, nodes: int, nproc_per_node: int | None, deadline: Deadline) -> None:
+        """The plan's line for a job its test launches itself (not a shared part)."""
+        ranks = nproc_per_node or self._cluster.spec.nproc_per_node
+        self._write(f"[dry run] plan: {name}: {nodes} node(s) x {ranks} rank(s), {deadline.text}")
+
+
+def run_with_deadline(cluster: Any, workload: str, deadline: Deadline, **kwargs: Any) -> Any:
+    """``cluster.run(workload, timeout=deadline.seconds, **kwargs)`` for a job a test launches
+    itself; a dry run first prints its deadline and where it comes from, as the plan does for the
+    shared parts (``kwargs`` must name the job: ``name=``, and its ``nodes=`` count)."""
+    if isinstance(cluster, DryRunCluster):
+        name, nodes = kwargs.get("name") or workload, kwargs.get("nodes")
+        count = len(nodes) if isinstance(nodes, (list, tuple)) else int(nodes or 1)
+        cluster.show_deadline(name, count, kwargs.get("nproc_per_node"), deadline)
+    return cluster.run(workload, timeout=deadline.seconds, **kwargs)
 
 
 @pytest.fixture(scope="session")
@@ -244,7 +261,7 @@ def job_part(planner: Planner) -> Any:
 
         @job_part
         def health_job(session, params):
-            return plans.burnin.health_part(session.available_nodes)
+            return plans.burnin.health_part(session.available_nodes, session.settings)
 
     The fixture, named like the function, is the part's `PartRun` (None when the planner returns
     None). The planner is also asked for the part of every selected test that uses the fixture, so

@@ -8,12 +8,17 @@
 The ECC/XID counters and the fabric ports (``FABRIC``, one rank per node) are read with plain
 launches: they bracket the run, first and last, and must not be shared or reordered. So is
 ``dcgmi diag`` (``DCGM``, one rank per node): it loads the GPUs for minutes and must not overlap
-other work. The soak's job is ``plans/soak.py``'s. Pure: no pytest, no torch.
+other work. The soak's job is ``plans/soak.py``'s. Every job's deadline is
+``plans/burnin_deadlines.py``'s: its work plus the rendezvous allowance, shown by the dry run.
+Pure: no pytest, no torch.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from pytest_gpucluster.harness import Part
+from pytest_gpucluster.plans.burnin_deadlines import health_deadline, straggler_sweep_deadline
 
 __all__ = [
     "DCGM",
@@ -30,9 +35,7 @@ HEALTH = "pytest_gpucluster.workloads.health:health"
 COUNTERS = "pytest_gpucluster.workloads.health:counters"
 FABRIC = "pytest_gpucluster.workloads.fabric_probe:node_snapshot"
 DCGM = "pytest_gpucluster.workloads.dcgm_diag:diag"
-FABRIC_TIMEOUT_S = 120.0
 SWEEP = "pytest_gpucluster.workloads.collectives:sweep"
-JOB_TIMEOUT_S = 600.0
 STRAGGLER_SWEEP = {
     "collective": "all_reduce",
     "min_bytes": "64K",
@@ -47,17 +50,22 @@ INJECTED_DELAY_S = 0.02
 """The self-test's straggler sleeps this long before each timed call: far above any tolerance."""
 
 
-def health_part(nodes: int) -> Part:
-    return Part("burnin-health", HEALTH, nodes=nodes, timeout_s=JOB_TIMEOUT_S)
+def health_part(nodes: int, settings: Any) -> Part:
+    """The health job on ``nodes`` nodes, its deadline `burnin_deadlines.health_deadline`
+    (``settings``: the session's, for ``--job-timeout`` and ``--rendezvous-timeout``)."""
+    deadline = health_deadline(nodes, settings)
+    return Part("burnin-health", HEALTH, nodes=nodes, timeout_s=deadline.seconds, deadline=deadline.text)
 
 
-def straggler_sweep_part(nodes: int, inject_rank: int | None = None) -> Part:
+def straggler_sweep_part(nodes: int, settings: Any, backend: str, inject_rank: int | None = None) -> Part:
     """The straggler sweep; with ``inject_rank``, that rank sleeps :data:`INJECTED_DELAY_S` before
-    every timed call (the self-test)."""
-    if inject_rank is None:
-        return Part("burnin-straggler-sweep", SWEEP, STRAGGLER_SWEEP, nodes=nodes, timeout_s=JOB_TIMEOUT_S)
-    options = {**STRAGGLER_SWEEP, "inject_delay_s": INJECTED_DELAY_S, "inject_rank": inject_rank}
-    return Part("burnin-injected-straggler", SWEEP, options, nodes=nodes, timeout_s=JOB_TIMEOUT_S)
+    every timed call (the self-test). Its deadline: `burnin_deadlines.straggler_sweep_deadline`."""
+    name, options = "burnin-straggler-sweep", dict(STRAGGLER_SWEEP)
+    if inject_rank is not None:
+        name = "burnin-injected-straggler"
+        options.update(inject_delay_s=INJECTED_DELAY_S, inject_rank=inject_rank)
+    deadline = straggler_sweep_deadline(options, backend, nodes, settings)
+    return Part(name, SWEEP, options, nodes=nodes, timeout_s=deadline.seconds, deadline=deadline.text)
 
 
 def fabric_options() -> dict[str, object]:

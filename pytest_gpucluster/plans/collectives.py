@@ -26,6 +26,7 @@ from pytest_gpucluster.plans.deadlines import (
     DEADLINE_MARGIN,
     Deadline,
     explicit_timeout,
+    floor_rate,
     rendezvous_allowance,
 )
 from pytest_gpucluster.profiles.nccl_env import scope_env
@@ -130,7 +131,7 @@ def _floor_work(
     requests: Sequence[SweepRequest], settings: SweepSettings, repeat: int, backend: str
 ) -> tuple[float, str]:
     """`job_timeout` and its arithmetic, as the dry run shows it."""
-    floor = 0.05e9 if backend == "gloo" else 2e9
+    floor = floor_rate(backend)
     calls = _calls(settings, repeat)
     moved = sum(sum(sweep_sizes(r.min_bytes, r.max_bytes, r.factor)) * calls for r in requests)
     total = SWEEP_STARTUP_S + PER_SWEEP_S * len(requests) + moved / floor

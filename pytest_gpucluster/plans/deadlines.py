@@ -43,6 +43,7 @@ __all__ = [
     "MIN_DERIVED_S",
     "Deadline",
     "explicit_timeout",
+    "floor_rate",
     "rendezvous_allowance",
     "sft_deadline",
 ]
@@ -79,6 +80,13 @@ class Deadline:
     @property
     def below_estimate(self) -> bool:
         return self.estimate_s is not None and self.seconds < self.estimate_s
+
+
+def floor_rate(backend: str) -> float:
+    """Bytes per second far below any working fabric, which one fallen back to sockets still beats:
+    0.05 GB/s for gloo (a 2-core VM does 1.2 GB/s), 2 GB/s for NCCL. Work-derived deadlines of
+    collective jobs (sweeps, burn-in sweeps and pair tests) move their bytes at this rate."""
+    return 0.05e9 if backend == "gloo" else 2e9
 
 
 def explicit_timeout(settings: Any) -> Deadline | None:

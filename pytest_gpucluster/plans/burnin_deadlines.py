@@ -1,0 +1,131 @@
+"""How long each burn-in and fabric job may run: its work plus the rendezvous allowance.
+
+These jobs had fixed numbers (600 s, the fabric probe 120 s). A 64-node site whose containers
+take minutes to start had its healthy probes killed before their ranks had met, and the straggler
+sweep's 600 s had no relation to its sizes. A job on ``nodes`` nodes now gets, in order:
+
+1. ``--job-timeout`` set explicitly (`plans.deadlines.explicit_timeout`): the user's word;
+2. its work plus :data:`STARTUP_S`, at least the fixed figure it had (so no job is shorter on one
+   node than before), plus the rendezvous allowance (`plans.deadlines.rendezvous_allowance`: what
+   ``--rendezvous-timeout`` grants ``nodes`` nodes to start beyond those 120 s).
+
+The work: the straggler sweep and the pair test from the bytes they move at the sweeps' floor rate
+(`plans.deadlines.floor_rate`), the health, counters and fabric probes a fixed, deliberately slow
+estimate; ``dcgmi diag`` its own time (the profile's ``burnin.dcgm``) plus a minute, as before.
+Each is a `plans.deadlines.Deadline` whose ``why`` ``--gpucluster-dry-run`` prints.
+Pure: no pytest, no torch; imports only ``plans.deadlines`` and ``maths.sweep``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pytest_gpucluster.maths.sweep import parse_size, sweep_sizes
+from pytest_gpucluster.plans.deadlines import Deadline, explicit_timeout, floor_rate, rendezvous_allowance
+from pytest_gpucluster.profiles.findings import seconds
+
+__all__ = [
+    "COUNTERS_WORK_S",
+    "DCGM_STARTUP_S",
+    "FABRIC_MINIMUM_S",
+    "FABRIC_WORK_S",
+    "HEALTH_WORK_S",
+    "JOB_MINIMUM_S",
+    "STARTUP_S",
+    "counters_deadline",
+    "dcgm_deadline",
+    "fabric_deadline",
+    "health_deadline",
+    "pair_deadline",
+    "straggler_sweep_deadline",
+]
+
+STARTUP_S = 120.0
+"""The start-up every burn-in job's work is given before the rendezvous allowance (the sweeps' own)."""
+JOB_MINIMUM_S = 600.0
+"""The fixed timeout the health, counters, straggler and pair jobs had: none gets less on one node."""
+FABRIC_MINIMUM_S = 120.0
+"""The fixed timeout the fabric probe had."""
+HEALTH_WORK_S = 240.0
+"""Deliberately slow: each rank's CPU and GPU matmul, memory and host-to-device bandwidth with NVML
+sampled under that load, and the intra-node all_reduce take well under a minute on a healthy node."""
+COUNTERS_WORK_S = 60.0
+"""Reading the NVML ECC/retired-page/remapped-row counters and the kernel log's XID lines."""
+FABRIC_WORK_S = 30.0
+"""One rank per node reading sysfs ports and interfaces and ``tc -s -j qdisc``: seconds."""
+DCGM_STARTUP_S = 60.0
+"""The minute the DCGM job always had beyond the diag's own time: its start-up."""
+
+
+def health_deadline(nodes: int, settings: Any) -> Deadline:
+    """The health job on every node at once (``workloads.health:health``)."""
+    return _derived(HEALTH_WORK_S, "the health measurements' estimate", JOB_MINIMUM_S, nodes, settings)
+
+
+def counters_deadline(nodes: int, settings: Any) -> Deadline:
+    """The ECC/XID counters' reading on every node (``workloads.health:counters``)."""
+    return _derived(COUNTERS_WORK_S, "reading the ECC/XID counters", JOB_MINIMUM_S, nodes, settings)
+
+
+def fabric_deadline(nodes: int, settings: Any) -> Deadline:
+    """The fabric ports' reading, one rank per node (``workloads.fabric_probe:node_snapshot``)."""
+    return _derived(FABRIC_WORK_S, "reading the ports and qdiscs", FABRIC_MINIMUM_S, nodes, settings)
+
+
+def straggler_sweep_deadline(options: Mapping[str, Any], backend: str, nodes: int, settings: Any) -> Deadline:
+    """The straggler sweep (``workloads.collectives:sweep`` with ``options``, as
+    ``plans.burnin.STRAGGLER_SWEEP``): every call of every size at the floor rate, and the sleep
+    of an injected straggler (``inject_delay_s``) before each timed call."""
+    sizes = sweep_sizes(
+        parse_size(options["min_bytes"]), parse_size(options["max_bytes"]), int(options.get("factor", 2))
+    )
+    placements = 2 if options.get("in_place", True) else 1
+    timed = placements * int(options.get("repeat", 1)) * int(options["iters"])
+    calls = timed + 2 * placements + 2 * int(options.get("warmup", 0))  # + sync and check, warm-up
+    rate = floor_rate(backend)
+    delay = float(options.get("inject_delay_s", 0.0)) * timed * len(sizes)
+    work = sum(sizes) * calls / rate + delay
+    how = f"{sum(sizes) * calls / 1e9:.4g} GB moved ({calls} calls per size) at a {rate / 1e9:g} GB/s floor"
+    if delay:
+        how += f" + {delay:g} s of injected delay"
+    return _derived(work, how, JOB_MINIMUM_S, nodes, settings)
+
+
+def pair_deadline(size_bytes: int, iters: int, backend: str, settings: Any, warmup: int = 2) -> Deadline:
+    """One pairwise localization job (``workloads.health:pair_allreduce``) on its 2 nodes."""
+    rate = floor_rate(backend)
+    moved = int(size_bytes) * (int(iters) + int(warmup))
+    how = f"{moved / 1e9:.4g} GB moved ({iters} + {warmup} all_reduce calls) at a {rate / 1e9:g} GB/s floor"
+    return _derived(moved / rate, how, JOB_MINIMUM_S, 2, settings)
+
+
+def dcgm_deadline(diag_timeout_s: float, nodes: int, settings: Any) -> Deadline:
+    """``dcgmi diag``: its own time on the node (``burnin.dcgm``'s timeout, or its level's default)
+    plus :data:`DCGM_STARTUP_S`, plus the allowance beyond that minute. An explicit
+    ``--job-timeout`` below the diag's own time is kept but flagged."""
+    override = explicit_timeout(settings)
+    diag = f"the diag's own {seconds(diag_timeout_s)} (burnin.dcgm)"
+    if override is not None:
+        return Deadline(override.seconds, override.why, diag_timeout_s, diag)
+    allowance, allowance_why = rendezvous_allowance(
+        nodes, settings, covered_s=DCGM_STARTUP_S, covered_by="the job's"
+    )
+    total = diag_timeout_s + DCGM_STARTUP_S + allowance
+    why = f"derived: {diag} + {DCGM_STARTUP_S:g} s start-up + {allowance_why}"
+    return Deadline(total, why, diag_timeout_s, "")
+
+
+def _derived(work_s: float, how: str, minimum_s: float, nodes: int, settings: Any) -> Deadline:
+    """``--job-timeout`` when set, else ``max(work_s + STARTUP_S, minimum_s)`` plus the allowance."""
+    override = explicit_timeout(settings)
+    if override is not None:
+        return override
+    base = work_s + STARTUP_S
+    allowance, allowance_why = rendezvous_allowance(
+        nodes, settings, covered_s=STARTUP_S, covered_by="the job's"
+    )
+    work = f"the work {seconds(work_s)} ({how}) + {STARTUP_S:g} s start-up"
+    if base < minimum_s:
+        work += f", at least the {seconds(minimum_s)} it had as a fixed timeout"
+    return Deadline(max(base, minimum_s) + allowance, f"derived: {work} + {allowance_why}")
