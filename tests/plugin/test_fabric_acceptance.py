@@ -118,3 +118,38 @@ def test_dcgm_diag_skips_where_no_node_has_dcgmi(run, tmp_path, monkeypatch):
     result.stdout.fnmatch_lines(
         ["*DCGM diagnostics: 'dcgmi' is not on PATH on * (DCGM is not installed there)*"]
     )
+
+
+def test_the_dry_run_prints_every_burnin_and_fabric_jobs_deadline_with_the_allowance(run, capsys):
+    """A site that grants its ranks 10 minutes to start (--rendezvous-timeout 600) sees, before
+    spending an allocation, that no burn-in or fabric job is killed within that: each job's timeout,
+    its work and the rendezvous allowance (480 s beyond the jobs' 120 s start-up on one node)."""
+    result = run("test_fabric.py", "test_burnin.py", "--gpucluster-dry-run", "--rendezvous-timeout=600", "-s")
+    assert result.ret == pytest.ExitCode.OK
+    out = result.stdout.lines + capsys.readouterr().out.splitlines()
+    plan = {}
+    for line in out:
+        if "[dry run] plan: burnin-" in line:
+            name, _, rest = line.split("[dry run] plan: ", 1)[1].partition(": ")
+            plan[name] = rest
+    expected = {
+        "burnin-health",
+        "burnin-straggler-sweep",
+        "burnin-injected-straggler",
+        "burnin-fabric",
+        "burnin-dcgm",
+    }
+    assert expected <= set(plan), out
+    allowance = "--rendezvous-timeout 600 s (from command line) grants 1 node(s) 600 s (10 min) to start"
+    for name in expected:
+        assert allowance in plan[name], (name, plan[name])
+    assert plan["burnin-fabric"].startswith("1 node(s) x 1 rank(s), job timeout 630 s (10.5 min) (derived: ")
+    assert "job timeout 1,080 s (18 min)" in plan["burnin-health"]
+    assert "GB moved (21 calls per size) at a 0.05 GB/s floor" in plan["burnin-straggler-sweep"]
+    assert "s of injected delay" in plan["burnin-injected-straggler"]
+    # an explicit --job-timeout wins over every derived one, and says where it came from
+    forced = run("test_fabric.py", "-k", "fabric_before", "--gpucluster-dry-run", "--job-timeout=200", "-s")
+    assert forced.ret == pytest.ExitCode.OK
+    forced_out = forced.stdout.lines + capsys.readouterr().out.splitlines()
+    line = next(line for line in forced_out if "[dry run] plan: burnin-fabric" in line)
+    assert "job timeout 200 s (3.33 min) (--job-timeout from command line)" in line, line
