@@ -1,6 +1,6 @@
 """``pytest acceptance/ --hw=<profile> --gpucluster-dry-run`` on the shipped 8-GPU profiles lists
-every job the suite would launch with its timeout, where the timeout comes from and the run time it
-was set against; no timeout is below its estimate. Nothing is launched and no node is probed (a dry
+every job the suite would launch with its timeout, where the timeout comes from (the rendezvous
+allowance included) and the run time it was set against; no timeout is below its estimate. Nothing is launched and no node is probed (a dry
 run), so the hostfile's eight names need not exist. Stands for: a user on a login node checking the
 plan before spending an allocation."""
 
@@ -77,3 +77,8 @@ def test_every_job_shows_its_timeout_and_none_is_below_its_estimate(tmp_path, pr
             assert _number(ESTIMATE, deadline) <= timeout, (part, deadline)
     sweeps = [d for p, d in plan.items() if p.startswith("collectives-")]
     assert sweeps and all("derived from the work" in d for d in sweeps), sweeps
+    assert all("rendezvous allowance" in d for d in sweeps), sweeps
+    # the burn-in jobs on all 8 nodes: their work plus what the rendezvous grants 8 nodes (134 s)
+    burnin = {p: d for p, d in plan.items() if p.startswith("burnin-")}
+    assert {"burnin-health", "burnin-straggler-sweep", "burnin-fabric"} <= set(burnin), sorted(plan)
+    assert all("grants 8 node(s) 134 s (2.23 min) to start" in d for d in burnin.values()), burnin
