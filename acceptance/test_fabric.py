@@ -110,10 +110,11 @@ def test_soak(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any) -> Non
         f"soak: {', '.join(p.title for p in points)} for {duration:g} s on {nodes} node(s)"
         + (f" (left out: {'; '.join(why)})" if why else "")
     )
-    job = cluster.run(
+    job = run_with_deadline(
+        cluster,
         soak_plan.WORKLOAD,
+        soak_plan.soak_deadline(duration, points, settings, nodes, gpucluster_session.settings),
         nodes=nodes,
-        timeout=soak_plan.soak_timeout(duration, points, settings),
         options=soak_plan.soak_options(points, settings, duration),
         name="burnin-soak",
     )

@@ -12,9 +12,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_gpucluster.checks.burnin.soak import SoakPoint
+from pytest_gpucluster.plans.deadlines import Deadline, rendezvous_allowance
+from pytest_gpucluster.profiles.findings import seconds
 from pytest_gpucluster.profiles.schema import SoakSettings
 
-__all__ = ["WORKLOAD", "soak_options", "soak_timeout"]
+__all__ = ["WORKLOAD", "soak_deadline", "soak_options", "soak_timeout"]
 
 WORKLOAD = "pytest_gpucluster.workloads.soak:soak"
 START_UP_S = 180.0
@@ -40,3 +42,21 @@ def soak_timeout(duration_s: float, points: Sequence[SoakPoint], settings: SoakS
     stops only after the round it is in)."""
     round_s = settings.sample_time * max(len(points), 1) * 2  # inter-node with an odd node count: 2 phases
     return START_UP_S + duration_s * 1.25 + 20.0 * round_s
+
+
+def soak_deadline(
+    duration_s: float, points: Sequence[SoakPoint], settings: SoakSettings, nodes: int, session_settings: Any
+) -> Deadline:
+    """`soak_timeout` plus the rendezvous allowance beyond its 180 s start-up
+    (`plans.deadlines.rendezvous_allowance` for ``nodes`` nodes). ``--job-timeout`` does not
+    override it: the soak's length is the user's own ``--gpucluster-soak``, and a shorter deadline
+    would only kill it."""
+    work = soak_timeout(duration_s, points, settings)
+    allowance, allowance_why = rendezvous_allowance(
+        nodes, session_settings, covered_s=START_UP_S, covered_by="the soak's"
+    )
+    why = (
+        f"derived: {seconds(duration_s)} of soak x 1.25 + {START_UP_S:g} s start-up + room for a last "
+        f"round 20x slower = {seconds(work)}, + {allowance_why}"
+    )
+    return Deadline(work + allowance, why, duration_s, "--gpucluster-soak")

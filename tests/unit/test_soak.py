@@ -8,6 +8,7 @@ tests/integration/test_soak_netns.py, produces real ones between two network-nam
 from __future__ import annotations
 
 import statistics
+from types import SimpleNamespace
 
 import pytest
 
@@ -20,7 +21,7 @@ from pytest_gpucluster.checks.burnin.soak import (
     weighted_cv,
 )
 from pytest_gpucluster.errors import JobFailed
-from pytest_gpucluster.plans.soak import soak_options, soak_timeout
+from pytest_gpucluster.plans.soak import soak_deadline, soak_options, soak_timeout
 from pytest_gpucluster.profiles.loader import load_profile
 from pytest_gpucluster.profiles.schema import CollectivesSection, SoakSettings
 from pytest_gpucluster.workloads.soak import node_pairs, phases_of
@@ -195,6 +196,23 @@ def test_the_job_options_and_a_deadline_that_leaves_room_for_a_slow_last_round()
     ]
     assert (options["duration_s"], options["sample_s"], options["progress_s"]) == (60.0, 0.5, 5.0)
     assert soak_timeout(600.0, [PAIR], settings) > 600.0 * 1.25 + 20 * 0.5
+
+
+def test_the_soak_deadline_adds_the_rendezvous_allowance_of_its_nodes_and_keeps_its_length():
+    """At --rendezvous-timeout 600, 64 nodes get 726 s to start, 546 s beyond the soak's 180 s
+    start-up; an explicit --job-timeout does not cut the soak the user asked for."""
+    settings = SoakSettings(sample_time="0.5s")
+    base = soak_timeout(600.0, [PAIR], settings)
+
+    def session(rendezvous: float) -> SimpleNamespace:
+        return SimpleNamespace(
+            job_timeout=60.0, rendezvous_timeout=rendezvous, source=lambda _: "command line"
+        )
+
+    assert soak_deadline(600.0, [PAIR], settings, 1, session(120.0)).seconds == pytest.approx(base)
+    site = soak_deadline(600.0, [PAIR], settings, 64, session(600.0))
+    assert site.seconds == pytest.approx(base + 546.0) and not site.below_estimate
+    assert "rendezvous allowance 546 s (9.1 min)" in site.why and "less the soak's 180 s start-up" in site.why
 
 
 def test_soak_points_skip_checks_without_a_busbw_floor():
