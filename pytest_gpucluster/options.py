@@ -257,8 +257,9 @@ OPTIONS: tuple[_Option, ...] = (
     _Option(
         "--job-timeout",
         "job_timeout",
-        "seconds before a launched job is declared hung and killed; SFT cases and sweeps otherwise get a "
-        "deadline derived from their work (an SFT case's own 'timeout:' wins over both)",
+        "seconds before a launched job is declared hung and killed; SFT cases, sweeps, burn-in and fabric "
+        "jobs otherwise get a deadline derived from their work plus the rendezvous allowance (an SFT "
+        "case's own 'timeout:' wins over both)",
         DEFAULT_JOB_TIMEOUT_S,  # profiles check holds each sft case's estimated run time against it
         _positive_seconds,
         "SECONDS",

@@ -17,7 +17,9 @@ before anyone noticed, the other be killed healthy. So an SFT case's deadline co
 Sweeps derive theirs from the bytes they move (``plans.collectives.sweep_deadline``): at a floor
 rate a fabric fallen back to sockets still beats, and never below the margin over the run estimated
 at the expected bandwidth, plus the rendezvous allowance beyond the sweep's own 120 s start-up; an
-explicit ``--job-timeout`` overrides that too. A deadline below its
+explicit ``--job-timeout`` overrides that too. Burn-in and fabric jobs derive theirs from their
+work plus the same allowance (``plans.burnin_deadlines``), the soak from its length
+(``plans.soak.soak_deadline``). A deadline below its
 estimate (a ``timeout:`` or ``--job-timeout`` set too low) is kept, the user's word, but flagged. Every `Deadline` carries the sentence that says where it came
 from, which ``--gpucluster-dry-run`` prints beside the job. Pure: no pytest, no torch.
 """
