@@ -331,6 +331,8 @@ def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("gpucluster", "GPU cluster acceptance (pytest-gpucluster)")
     for opt in OPTIONS:
         extra = f" [env {opt.env}, ini {opt.ini}]"
+        # argparse %-formats an option's help ("e.g. 5%" would crash --help); pytest prints ini help as is.
+        cli_help = (opt.help + extra).replace("%", "%%")
         if opt.multiple:
             group.addoption(
                 opt.flag,
@@ -338,11 +340,11 @@ def add_options(parser: pytest.Parser) -> None:
                 action="append",
                 default=None,
                 metavar=opt.metavar,
-                help=opt.help + extra,
+                help=cli_help,
             )
             parser.addini(opt.ini, opt.help, type="linelist", default=[])
         else:
-            group.addoption(opt.flag, dest=opt.dest, default=None, metavar=opt.metavar, help=opt.help + extra)
+            group.addoption(opt.flag, dest=opt.dest, default=None, metavar=opt.metavar, help=cli_help)
             parser.addini(opt.ini, opt.help, default=None)
     group.addoption(
         "--gpucluster-dry-run",
