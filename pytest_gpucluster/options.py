@@ -4,334 +4,62 @@ One precedence order, everywhere: command line > environment (``GPUCLUSTER_*``) 
 ``[tool.pytest.ini_options]`` > built-in default. Each resolved value remembers where it came
 from, so an error can say ``--nnodes=0 (from GPUCLUSTER_NNODES)`` and the report header can
 show the effective settings.
+
+The option table is declared by subject in pytest-free modules (`options_cluster`,
+`options_launch`, `options_files`, `options_gate`, `options_burnin`; `option_spec` says what an
+option is). This module is the one entry point `plugin` calls and the only one of them that
+imports pytest.
 """
 
 from __future__ import annotations
 
 import os
-import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import pytest
 
+from pytest_gpucluster import options_burnin, options_cluster, options_files, options_gate, options_launch
 from pytest_gpucluster.errors import SettingsError
-from pytest_gpucluster.profiles.estimates import DEFAULT_JOB_TIMEOUT_S
+from pytest_gpucluster.option_spec import Option, Setting
 
-T = TypeVar("T")
+__all__ = ["OPTIONS", "Setting", "Settings", "add_options", "resolve_settings"]
 
-LAUNCHERS = ("torchrun", "slurm", "mpirun", "deepspeed")
-
-
-@dataclass(frozen=True, slots=True)
-class Setting(Generic[T]):
-    value: T
-    source: str
-    """'command line', 'environment GPUCLUSTER_X', 'ini key gpucluster_x' or 'default'."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Option:
-    flag: str
-    name: str
-    """The `Settings` attribute; the option's dest is ``gpucluster_<name>``."""
-    help: str
-    default: Any = None
-    parse: Callable[[str], Any] = str
-    metavar: str | None = None
-    multiple: bool = False
-
-    @property
-    def dest(self) -> str:
-        return f"gpucluster_{self.name}"
-
-    @property
-    def ini(self) -> str:
-        return f"gpucluster_{self.name}"
-
-    @property
-    def env(self) -> str:
-        return f"GPUCLUSTER_{self.name.upper()}"
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise ValueError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text.removesuffix("s"))
-    except ValueError:
-        raise ValueError(f"expected a number of seconds such as 600, got {text!r}") from None
-    if value <= 0:
-        raise ValueError(f"expected a positive number of seconds, got {text!r}")
-    return value
-
-
-def _launcher(text: str) -> str:
-    if text not in LAUNCHERS:
-        raise ValueError(f"expected one of {', '.join(LAUNCHERS)}, got {text!r}")
-    return text
-
-
-def _slurm_mode(text: str) -> str:
-    if text not in ("agent", "tasks"):
-        raise ValueError(f"expected 'agent' or 'tasks', got {text!r}")
-    return text
-
-
-def _argv_template(text: str) -> tuple[str, ...]:
-    """``"ssh -o BatchMode=yes {host}"`` -> argv; the user's own template, split once here."""
-    argv = tuple(shlex.split(text))
-    if not argv or not any("{host}" in part for part in argv):
-        raise ValueError(
-            f"expected a command template containing {{host}}, such as 'ssh {{host}}', got {text!r}"
-        )
-    return argv
-
-
-def _gate_mode(text: str) -> str:
-    if text not in ("fail", "warn"):
-        raise ValueError(f"expected 'fail' or 'warn', got {text!r}")
-    return text
-
-
-def _percent(text: str) -> float:
-    from pytest_gpucluster.profiles.quantities import parse_fraction
-
-    return parse_fraction(text if text.endswith("%") else f"{text}%" if float(text) > 1 else text)
-
-
-def _env_pattern(text: str) -> str:
-    from pytest_gpucluster.launch.forward_env import check_pattern
-
-    try:
-        return check_pattern(text, "--forward-env")
-    except SettingsError as exc:
-        raise ValueError(str(exc).removeprefix("--forward-env: ")) from None
-
-
-def _soak_duration(text: str) -> float:
-    """``"10m"``, ``"10min"``, ``"90s"``, ``"1h"`` or a bare number of seconds -> seconds."""
-    from pytest_gpucluster.profiles.quantities import parse_duration
-
-    value = text.strip()
-    if value.replace(".", "", 1).isdigit():
-        value += "s"
-    elif value.endswith("m") and value[:-1].replace(".", "", 1).isdigit():
-        value += "in"  # "10m" is minutes here: a soak is never measured in metres or milliseconds
-    try:
-        seconds = parse_duration(value)
-    except ValueError:
-        raise ValueError(f"expected a duration such as 10m, 90s or 1h, got {text!r}") from None
-    if seconds <= 0:
-        raise ValueError(f"expected a positive duration such as 10m, got {text!r}")
-    return seconds
-
-
-def _path(text: str) -> Path:
-    return Path(text).expanduser()
-
-
-OPTIONS: tuple[_Option, ...] = (
-    _Option(
-        "--hw",
-        "hw",
-        "hardware profile: a name from thresholds/ or a path to a YAML file; "
-        "'auto' picks cpu-local without CUDA, else the profile whose GPU model matches",
-        "auto",
-        metavar="PROFILE|PATH",
-    ),
-    _Option(
-        "--thresholds-dir",
-        "thresholds_dir",
-        "extra directory of profile YAML files, searched before the shipped ones",
-        None,
-        _path,
-        "DIR",
-    ),
-    _Option(
-        "--hostfile",
-        "hostfile",
-        "hostfile (DeepSpeed 'host slots=N' or Open MPI format) naming the nodes to test",
-        None,
-        _path,
-        "FILE",
-    ),
-    _Option(
-        "--nnodes",
-        "nnodes",
-        "number of nodes to use (default: all the cluster has)",
-        None,
-        _positive_int,
-        "N",
-    ),
-    _Option(
-        "--nproc-per-node",
-        "nproc_per_node",
-        "ranks per node (default: the profile's)",
-        None,
-        _positive_int,
-        "N",
-    ),
-    _Option(
-        "--launcher",
-        "launcher",
-        f"how ranks are started: {', '.join(LAUNCHERS)} (default: slurm inside a Slurm allocation "
-        "without --hostfile, else torchrun)",
-        "torchrun",
-        _launcher,
-        "NAME",
-    ),
-    _Option(
-        "--launcher-args",
-        "launcher_args",
-        "extra arguments for the launcher itself, e.g. '--partition=gpu --gpus-per-node=8' for slurm "
-        "(not for torchrun)",
-        None,
-        shlex.split,
-        "ARGS",
-    ),
-    _Option(
-        "--slurm-mode",
-        "slurm_mode",
-        "with --launcher slurm: 'agent' (one torchrun agent per node) or 'tasks' (one task per rank, "
-        "ranks from SLURM_PROCID)",
-        "agent",
-        _slurm_mode,
-        "MODE",
-    ),
-    _Option(
-        "--remote-exec",
-        "remote_exec",
-        "command template that runs a command on another node, e.g. 'ssh {host}' or 'ip netns exec {host}'",
-        ("ssh", "{host}"),
-        _argv_template,
-        "TEMPLATE",
-    ),
-    _Option(
-        "--forward-env",
-        "forward_env",
-        "forward this environment variable (or shell pattern, e.g. 'MY_SITE_*') from this process to "
-        "every rank, besides PATH, LD_LIBRARY_PATH, PYTHONPATH, VIRTUAL_ENV, CUDA_*, NCCL_*, FI_*, OFI_*, "
-        "UCX_*, TORCH_*, HF_* and OMP_NUM_THREADS (repeatable)",
-        (),
-        _env_pattern,
-        "PATTERN",
-        multiple=True,
-    ),
-    _Option(
-        "--rendezvous-timeout",
-        "rendezvous_timeout",
-        "seconds the ranks of a one-node job get to start and meet; each further node adds 2 s "
-        "(raise it where containers or a cold shared filesystem make start-up slow)",
-        120.0,
-        _positive_seconds,
-        "SECONDS",
-    ),
-    _Option(
-        "--slurm-cpu-bind",
-        "slurm_cpu_bind",
-        "with --launcher slurm: srun's --cpu-bind value for every step, e.g. 'cores' or 'none' (default: "
-        "the site's)",
-        None,
-        str,
-        "BIND",
-    ),
-    _Option(
-        "--results-dir",
-        "results_dir",
-        "where results.json, reports and per-rank logs go (default: gpucluster-results/<timestamp>)",
-        None,
-        _path,
-        "DIR",
-    ),
-    _Option(
-        "--job-timeout",
-        "job_timeout",
-        "seconds before a launched job is declared hung and killed; SFT cases, sweeps, burn-in and fabric "
-        "jobs otherwise get a deadline derived from their work plus the rendezvous allowance (an SFT "
-        "case's own 'timeout:' wins over both)",
-        DEFAULT_JOB_TIMEOUT_S,  # profiles check holds each sft case's estimated run time against it
-        _positive_seconds,
-        "SECONDS",
-    ),
-    _Option(
-        "--nccl-log",
-        "nccl_log",
-        "check an existing NCCL_DEBUG=INFO log instead of launching (repeatable, globs allowed)",
-        (),
-        str,
-        "PATH",
-        multiple=True,
-    ),
-    _Option(
-        "--train-log",
-        "train_log",
-        "gate on an existing training log (repeatable, globs)",
-        (),
-        str,
-        "PATH",
-        multiple=True,
-    ),
-    _Option(
-        "--nccl-tests-dir",
-        "nccl_tests_dir",
-        "directory of nccl-tests binaries (all_reduce_perf, ...) to run through the launcher",
-        None,
-        _path,
-        "DIR",
-    ),
-    _Option(
-        "--baseline",
-        "baseline",
-        "an earlier results.json to gate regressions against",
-        None,
-        _path,
-        "RESULTS_JSON",
-    ),
-    _Option(
-        "--gpucluster-soak",
-        "soak",
-        "burn-in soak: repeat the gated collectives for this long (e.g. 10m, 90s, 1h) and gate the lowest "
-        "busbw and its variation over the window (acceptance/test_fabric.py::test_soak)",
-        None,
-        _soak_duration,
-        "DURATION",
-    ),
-    _Option(
-        "--max-regression",
-        "max_regression",
-        "largest allowed regression against --baseline past the baseline's noise, e.g. 5%, for metrics "
-        "the profile's regression: tolerances do not name",
-        0.05,
-        _percent,
-        "PERCENT",
-    ),
-    _Option(
-        "--regression-gate",
-        "regression_gate",
-        "with --baseline: 'fail' (a confirmed regression fails its test) or 'warn' (compared and "
-        "reported, never failed on: runs on different machines)",
-        "fail",
-        _gate_mode,
-        "MODE",
-    ),
+OPTIONS: tuple[Option, ...] = (
+    options_cluster.HW,
+    options_cluster.THRESHOLDS_DIR,
+    options_cluster.HOSTFILE,
+    options_cluster.NNODES,
+    options_cluster.NPROC_PER_NODE,
+    options_launch.LAUNCHER,
+    options_launch.LAUNCHER_ARGS,
+    options_launch.SLURM_MODE,
+    options_launch.REMOTE_EXEC,
+    options_launch.FORWARD_ENV,
+    options_launch.RENDEZVOUS_TIMEOUT,
+    options_launch.SLURM_CPU_BIND,
+    options_files.RESULTS_DIR,
+    options_launch.JOB_TIMEOUT,
+    options_files.NCCL_LOG,
+    options_files.TRAIN_LOG,
+    options_files.NCCL_TESTS_DIR,
+    options_gate.BASELINE,
+    options_burnin.SOAK,
+    options_gate.MAX_REGRESSION,
+    options_gate.REGRESSION_GATE,
 )
+"""Every option, in the order --help lists them and results.json's header records them (the order
+they had before the table was split by subject; users and stored baselines know it)."""
 
 
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("gpucluster", "GPU cluster acceptance (pytest-gpucluster)")
     for opt in OPTIONS:
         extra = f" [env {opt.env}, ini {opt.ini}]"
+        # argparse %-formats an option's help ("e.g. 5%" would crash --help); pytest prints ini help as is.
+        cli_help = (opt.help + extra).replace("%", "%%")
         if opt.multiple:
             group.addoption(
                 opt.flag,
@@ -339,11 +67,11 @@ def add_options(parser: pytest.Parser) -> None:
                 action="append",
                 default=None,
                 metavar=opt.metavar,
-                help=opt.help + extra,
+                help=cli_help,
             )
             parser.addini(opt.ini, opt.help, type="linelist", default=[])
         else:
-            group.addoption(opt.flag, dest=opt.dest, default=None, metavar=opt.metavar, help=opt.help + extra)
+            group.addoption(opt.flag, dest=opt.dest, default=None, metavar=opt.metavar, help=cli_help)
             parser.addini(opt.ini, opt.help, default=None)
     group.addoption(
         "--gpucluster-dry-run",
@@ -427,7 +155,11 @@ def resolve_settings(config: pytest.Config, environ: Mapping[str, str] | None = 
             values[opt.name] = tuple(opt.parse(item) for item in raw) if opt.multiple else opt.parse(raw)
         except ValueError as exc:
             raise SettingsError(f"{opt.flag}: {exc} (from {source})") from None
-    if sources["launcher"] == "default" and values["hostfile"] is None and (why := _in_allocation(env)):
+    if (
+        sources["launcher"] == "default"
+        and values["hostfile"] is None
+        and (why := options_launch.in_allocation(env))
+    ):
         values["launcher"], sources["launcher"] = "slurm", f"default {why}"
     return Settings(
         **values,
@@ -438,20 +170,7 @@ def resolve_settings(config: pytest.Config, environ: Mapping[str, str] | None = 
     )
 
 
-def _in_allocation(env: Mapping[str, str]) -> str | None:
-    """Why the launcher defaults to slurm: pytest runs inside a Slurm allocation (``salloc``, an
-    ``sbatch`` script; not inside one of its steps, where a rank-side pytest runs), so the nodes to
-    test are the allocation's, not this machine. None outside one."""
-    if (
-        not env.get("SLURM_JOB_NODELIST")
-        or env.get("SLURM_STEP_ID")
-        or env.get("GPUCLUSTER_RANK_SIDE") == "1"
-    ):
-        return None
-    return f"inside Slurm allocation {env.get('SLURM_JOB_ID', '?')} (SLURM_JOB_NODELIST set, no --hostfile)"
-
-
-def _raw_value(config: pytest.Config, env: Mapping[str, str], opt: _Option) -> tuple[Any, str]:
+def _raw_value(config: pytest.Config, env: Mapping[str, str], opt: Option) -> tuple[Any, str]:
     cli = config.getoption(opt.dest)
     if cli:
         return (list(cli) if opt.multiple else cli), "command line"

@@ -8,6 +8,9 @@ machine pytest runs on, which is usually a login node without GPUs: the controll
 session start (`GpuClusterSession.probe`, or at configure time for ``--hw=auto`` on remote hosts,
 which needs the nodes' GPUs to pick a profile) and leaves ``probe.json`` in the results directory
 for pytest-xdist workers.
+
+What the report header and results.json's header say about the session is built in
+`session_header`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_gpucluster import session_header
 from pytest_gpucluster.cluster.node_facts import ClusterFacts
 from pytest_gpucluster.errors import GpuClusterError, SettingsError
 from pytest_gpucluster.options import Settings
@@ -36,7 +40,6 @@ from pytest_gpucluster.probing import (
 )
 from pytest_gpucluster.profiles.detect import MachineInfo, choose_profile, detect_machine
 from pytest_gpucluster.profiles.loader import LoadedProfile, load_profile
-from pytest_gpucluster.results.fingerprint import fingerprint, redact
 from pytest_gpucluster.results.recorder import Recorder
 
 if TYPE_CHECKING:
@@ -181,27 +184,8 @@ class GpuClusterSession:
         return rendezvous_deadline(max(len(self.hosts), 1), self.settings.rendezvous_timeout)
 
     def header_record(self) -> dict[str, Any]:
-        model = self.profile.model
-        return {
-            "profile": {
-                "name": model.name,
-                "path": str(self.profile.path),
-                "chain": [str(p) for p in self.profile.chain],
-                "sha256": self.profile.sha256,
-                "reason": self.profile_reason,
-            },
-            "settings": {
-                dest: {"value": _plain(s.value), "source": s.source}
-                for dest, s in self.settings.recorded().items()
-            },
-            "fingerprint": fingerprint(
-                hosts=self.hosts,
-                gpu_names=list(self.machine.gpu_names),
-                cuda_available=self.machine.cuda_available,
-            ),
-            "nccl_env": redact(self.nccl_env),
-            "regression": {"tolerances": self.tolerances.to_json(), "mode": self.settings.regression_gate},
-        }
+        """results.json's header: profile, settings with sources, fingerprint, NCCL env, gate."""
+        return session_header.header_record(self)
 
     @cached_property
     def tolerances(self) -> Tolerances:
@@ -265,42 +249,8 @@ class GpuClusterSession:
         return self.profile.model.cluster.backend
 
     def header_lines(self) -> list[str]:
-        cluster = self.profile.model.cluster
-        nodes = self.available_nodes
-        lines = [
-            f"gpucluster: profile {self.profile.name} ({self.profile_reason}), "
-            f"{nodes} node{'s' if nodes != 1 else ''} x {self.ranks_per_node} ranks, backend {cluster.backend}, "
-            f"launcher {self.settings.launcher}{self._launcher_why()}",
-            f"gpucluster: thresholds {self.profile.path} (sha256 {self.profile.sha256[:12]})",
-            f"gpucluster: results -> {self.results_dir}",
-        ]
-        for warning in self.profile.warnings:
-            lines.append(f"gpucluster: WARNING {warning}")
-        if self.leftovers is not None:
-            lines += [f"gpucluster: {line}" for line in self.leftovers.lines()]
-        lines += self._probe_lines()
-        if self.settings.dry_run:
-            lines.append("gpucluster: dry run — commands are printed, nothing is launched")
-        return lines
-
-    def _launcher_why(self) -> str:
-        source = self.settings.source("launcher")
-        return f" ({source.removeprefix('default ')})" if source.startswith("default inside") else ""
-
-    def _probe_lines(self) -> list[str]:
-        facts = self.probed
-        if facts is None:
-            return [f"gpucluster: nodes not probed: {self.not_probed}"] if self.not_probed else []
-        lines = [f"gpucluster: nodes probed by {facts.source}:"]
-        for node in facts.nodes:
-            if node.error:
-                lines.append(f"gpucluster:   {node.host}: NOT PROBED: {node.error}")
-                continue
-            names = sorted(set(node.gpu_names))
-            gpus = f"{node.gpu_count} x {', '.join(names)}" if names else "no GPU"
-            via = f" ({node.gpu_source}, driver {node.driver})" if node.gpu_source else ""
-            lines.append(f"gpucluster:   {node.host}: {gpus}{via}, {len(node.ib_ports)} RDMA port(s)")
-        return lines
+        """The lines pytest's report header shows for this session."""
+        return session_header.header_lines(self)
 
     progress: Callable[[str], None] | None = None
     """Where rank 0's progress lines go (the terminal, set by the plugin)."""
@@ -448,11 +398,3 @@ def _results_dir(settings: Settings) -> Path:
     path = path.resolve()
     os.environ[RESULTS_DIR_ENV] = str(path)
     return path
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, tuple):
-        return [_plain(v) for v in value]
-    return value

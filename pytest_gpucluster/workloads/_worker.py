@@ -156,6 +156,20 @@ def _end_at_hard_deadline(job: dict[str, Any], log: Any) -> None:
     faulthandler.dump_traceback_later(deadline, exit=True, file=log)
 
 
+def _write_final_record(result_path: Path, record: dict[str, Any]) -> bool:
+    """Write the finished rank's record; False when its value is not JSON. The record is then
+    written again as a TypeError without the value, so the parent still learns why the rank failed."""
+    record["finished_at"] = time.time()
+    try:
+        write_json_atomic(result_path, record)
+    except TypeError as exc:
+        record.pop("value", None)
+        record.update(status="error", error={"type": "TypeError", "message": str(exc), "traceback": ""})
+        write_json_atomic(result_path, record)
+        return False
+    return True
+
+
 def run(job_dir: Path) -> int:
     parent = os.getppid()
     # An agent that dies (killed, or its guard gone) takes its ranks with it.
@@ -224,13 +238,7 @@ def run(job_dir: Path) -> int:
             },
         )
         exit_code = 1
-    record["finished_at"] = time.time()
-    try:
-        write_json_atomic(result_path, record)
-    except TypeError as exc:
-        record.pop("value", None)
-        record.update(status="error", error={"type": "TypeError", "message": str(exc), "traceback": ""})
-        write_json_atomic(result_path, record)
+    if not _write_final_record(result_path, record):
         exit_code = 1
     _teardown()  # still under the hard deadline: a teardown that hangs ends there too
     _remove_deepspeed_shm(identity)

@@ -23,8 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from pytest_gpucluster.testbed.netns import NetnsUnavailable, create_testbed
+from netns_bed import testbed_or_skip
 
 REPO = Path(__file__).parents[2]
 _DROP_ENV = ("PYTEST_XDIST", "PYTEST_ADDOPTS", "_GPUCLUSTER", "GPUCLUSTER_")
@@ -40,11 +39,7 @@ pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI
 
 @pytest.fixture(scope="module")
 def bed():
-    try:
-        testbed = create_testbed(2, controller=True)
-    except NetnsUnavailable as exc:
-        pytest.skip(str(exc))
-    with testbed:
+    with testbed_or_skip(2, controller=True) as testbed:
         yield testbed
 
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 import time
 
 import pytest
+from netns_bed import testbed_or_skip
 
 from pytest_gpucluster.cluster.spec import ClusterSpec
 from pytest_gpucluster.errors import JobFailed
 from pytest_gpucluster.launch import get_launcher
 from pytest_gpucluster.launch.job import Cluster
 from pytest_gpucluster.launch.reaper import find_job_pids
-from pytest_gpucluster.testbed.netns import NetnsUnavailable, create_testbed
 from pytest_gpucluster.workloads import basic
 
 pytestmark = pytest.mark.skipif(
@@ -31,11 +31,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def two_nodes():
     """Two namespaces on one bridge, each its own hostname (`testbed.netns`): their names."""
-    try:
-        bed = create_testbed(2)
-    except NetnsUnavailable as exc:
-        pytest.skip(str(exc))
-    with bed:
+    with testbed_or_skip(2) as bed:
         yield bed.names
 
 

@@ -24,10 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from netns_bed import testbed_or_skip
 from recorded_nodes import H100_TABLE, RecordedNodes, without_gpu
-
-from pytest_gpucluster.testbed.netns import NetnsUnavailable, create_testbed
 
 REPO = Path(__file__).parents[2]
 _DROP_ENV = ("PYTEST_XDIST", "PYTEST_ADDOPTS", "_GPUCLUSTER", "GPUCLUSTER_")
@@ -38,11 +36,7 @@ def _outcome(results: dict, name: str) -> dict:
 
 
 def test_a_login_node_probes_the_nodes_judges_marks_there_and_names_the_degraded_node(tmp_path):
-    try:
-        bed = create_testbed(3, controller=True)
-    except NetnsUnavailable as exc:
-        pytest.skip(str(exc))
-    with bed:
+    with testbed_or_skip(3, controller=True) as bed:
         healthy, short, slow = bed.names
         nodes = RecordedNodes(tmp_path / "recorded")
         table = H100_TABLE.read_text()

@@ -36,11 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from netns_bed import testbed_or_skip
 
 from pytest_gpucluster.launch import get_launcher
 from pytest_gpucluster.results.baseline import BaselineComparison
 from pytest_gpucluster.results.comparison_text import comparison_lines
-from pytest_gpucluster.testbed.netns import NetnsTestbed, NetnsUnavailable, TestbedError, create_testbed
+from pytest_gpucluster.testbed.netns import NetnsTestbed, TestbedError
 
 pytestmark = pytest.mark.skipif(
     get_launcher("torchrun").available() is not None, reason="torch is not installed"
@@ -128,14 +129,10 @@ class Bed:
 
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
-    try:
-        bed = create_testbed(2)
-    except NetnsUnavailable as exc:
-        pytest.skip(str(exc))
-    work = tmp_path_factory.mktemp("gate")
-    (work / "gate-netns.yaml").write_text(PROFILE)
-    (work / "hosts").write_text(bed.hostfile_text(slots=1))
-    with bed:
+    with testbed_or_skip(2) as bed:
+        work = tmp_path_factory.mktemp("gate")
+        (work / "gate-netns.yaml").write_text(PROFILE)
+        (work / "hosts").write_text(bed.hostfile_text(slots=1))
         testbed = Bed(bed, work)
         try:
             testbed.set_rate(RATE)

@@ -41,14 +41,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from netns_bed import testbed_or_skip
 
 from pytest_gpucluster.launch import get_launcher
 from pytest_gpucluster.testbed.netns import (
     INTERFACE,
     NetnsTestbed,
-    NetnsUnavailable,
     TestbedError,
-    create_testbed,
     parse_rate,
     tbf_args,
 )
@@ -100,11 +99,7 @@ def _run(argv: list[str]) -> None:
 
 @pytest.fixture
 def bed() -> Iterator[NetnsTestbed]:
-    try:
-        testbed = create_testbed(2)
-    except NetnsUnavailable as exc:
-        pytest.skip(str(exc))
-    with testbed:
+    with testbed_or_skip(2) as testbed:
         yield testbed
 
 

@@ -78,6 +78,23 @@ def test_precedence_cli_over_env_over_ini(run, pytester, monkeypatch):
     result.stdout.fnmatch_lines(["gpucluster: profile h800-ib (--hw=h800-ib from ini key gpucluster_hw)*"])
 
 
+def test_help_shows_every_option_with_its_env_and_ini_key(pytester):
+    # A bare '%' in a help text (e.g. "5%") once made argparse raise, and --help crashed.
+    result = pytester.runpytest_inprocess("--help")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(
+        [
+            "GPU cluster acceptance (pytest-gpucluster):",
+            "*--hw=PROFILE|PATH*",
+            "*--max-regression=PERCENT*",
+            "*e.g. 5%, for metrics*",
+            "*GPUCLUSTER_REGRESSION_GATE, ini*",
+            "*--gpucluster-drain*",
+            "*gpucluster_max_regression (string):*",
+        ]
+    )
+
+
 def test_bad_option_value_names_its_source(run, monkeypatch):
     monkeypatch.setenv("GPUCLUSTER_NNODES", "0")
     result = run()
