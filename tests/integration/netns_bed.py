@@ -1,8 +1,8 @@
 """Network-namespace test beds for integration tests: made, handed over, removed.
 
-`testbed_or_skip` is what a test that needs namespace "nodes" uses: the testbed for the block,
+`netns_bed_or_skip` is what a test that needs namespace "nodes" uses: the testbed for the block,
 or a skip whose reason is `NetnsUnavailable`'s message (what is missing here: root, ``ip``,
-``tc``, ...). `testbed_or_reason` is the same without the skip, for a test that falls back to
+``tc``, ...). `netns_bed_or_reason` is the same without the skip, for a test that falls back to
 something else where namespaces cannot be made. Either way the testbed is closed when the block
 ends, so nothing is left behind.
 """
@@ -18,7 +18,7 @@ from pytest_gpucluster.testbed.netns import NetnsTestbed, NetnsUnavailable, crea
 
 
 @contextlib.contextmanager
-def testbed_or_reason(nodes: int, **options: object) -> Iterator[NetnsTestbed | str]:
+def netns_bed_or_reason(nodes: int, **options: object) -> Iterator[NetnsTestbed | str]:
     """`create_testbed(nodes, **options)` for the block, or the reason it cannot be made here."""
     try:
         bed = create_testbed(nodes, **options)  # type: ignore[arg-type]
@@ -30,9 +30,9 @@ def testbed_or_reason(nodes: int, **options: object) -> Iterator[NetnsTestbed | 
 
 
 @contextlib.contextmanager
-def testbed_or_skip(nodes: int, **options: object) -> Iterator[NetnsTestbed]:
+def netns_bed_or_skip(nodes: int, **options: object) -> Iterator[NetnsTestbed]:
     """`create_testbed(nodes, **options)` for the block; skips the test, naming what is missing."""
-    with testbed_or_reason(nodes, **options) as bed:
+    with netns_bed_or_reason(nodes, **options) as bed:
         if isinstance(bed, str):
             pytest.skip(bed)
         yield bed

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from netns_bed import testbed_or_reason
+from netns_bed import netns_bed_or_reason
 
 from pytest_gpucluster.burnin.drain import SUSPECTS_FILE, drain_commands, shell_line, write_suspects
 from pytest_gpucluster.burnin.pairwise import localize
@@ -55,7 +55,7 @@ class Nodes:
 
 @pytest.fixture(scope="module")
 def four_nodes() -> Iterator[Nodes]:
-    with testbed_or_reason(NODES) as bed:
+    with netns_bed_or_reason(NODES) as bed:
         if isinstance(bed, str):  # no namespaces here: the test falls back to local rank groups
             yield Nodes((), bed, {})
             return

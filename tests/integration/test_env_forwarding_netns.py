@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from netns_bed import testbed_or_skip
+from netns_bed import netns_bed_or_skip
 
 REPO = Path(__file__).parents[2]
 _DROP_ENV = ("PYTEST_XDIST", "PYTEST_ADDOPTS", "_GPUCLUSTER", "GPUCLUSTER_")
@@ -39,7 +39,7 @@ pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI
 
 @pytest.fixture(scope="module")
 def bed():
-    with testbed_or_skip(2, controller=True) as testbed:
+    with netns_bed_or_skip(2, controller=True) as testbed:
         yield testbed
 
 

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-from netns_bed import testbed_or_skip
+from netns_bed import netns_bed_or_skip
 
 from pytest_gpucluster.parsers.fabric_diff import diff_snapshots
 from pytest_gpucluster.parsers.fabric_ports import FabricSnapshot, parse_snapshot
@@ -54,7 +54,7 @@ def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess[st
 
 @pytest.fixture
 def two_nodes() -> Iterator[TwoNodes]:
-    with testbed_or_skip(2) as bed:
+    with netns_bed_or_skip(2) as bed:
         try:  # node A's link: a tiny queue that UDP from A overflows
             bed.set_rate(bed.nodes[0], "1mbit", burst=1024, limit=1024)
         except TestbedError as exc:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from netns_bed import testbed_or_skip
+from netns_bed import netns_bed_or_skip
 
 from pytest_gpucluster.cluster.spec import ClusterSpec
 from pytest_gpucluster.errors import JobFailed
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def two_nodes():
     """Two namespaces on one bridge, each its own hostname (`testbed.netns`): their names."""
-    with testbed_or_skip(2) as bed:
+    with netns_bed_or_skip(2) as bed:
         yield bed.names
 
 

@@ -24,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from netns_bed import testbed_or_skip
+from netns_bed import netns_bed_or_skip
 from recorded_nodes import H100_TABLE, RecordedNodes, without_gpu
 
 REPO = Path(__file__).parents[2]
@@ -36,7 +36,7 @@ def _outcome(results: dict, name: str) -> dict:
 
 
 def test_a_login_node_probes_the_nodes_judges_marks_there_and_names_the_degraded_node(tmp_path):
-    with testbed_or_skip(3, controller=True) as bed:
+    with netns_bed_or_skip(3, controller=True) as bed:
         healthy, short, slow = bed.names
         nodes = RecordedNodes(tmp_path / "recorded")
         table = H100_TABLE.read_text()

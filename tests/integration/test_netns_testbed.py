@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from netns_bed import testbed_or_skip
+from netns_bed import netns_bed_or_skip
 
 # Receives one connection on port 5001 and prints how many bytes came, and how long from the
 # first byte to the last (the receiver's clock: what the link let through).
@@ -38,7 +38,7 @@ print(json.dumps({"bytes": total, "seconds": (last or 0) - (first or 0)}), flush
 
 @pytest.fixture(scope="module")
 def bed():
-    with testbed_or_skip(2, controller=True, rates={1: "20mbit"}) as testbed:
+    with netns_bed_or_skip(2, controller=True, rates={1: "20mbit"}) as testbed:
         yield testbed
 
 
@@ -110,7 +110,7 @@ def test_a_throttled_link_caps_a_transfer_and_its_rate_changes_at_runtime(bed):
 
 
 def test_closing_removes_the_namespaces_their_hosts_files_and_what_runs_inside():
-    with testbed_or_skip(1) as testbed:
+    with netns_bed_or_skip(1) as testbed:
         names = [testbed.switch, *testbed.names]
         sleeper = subprocess.Popen(testbed.exec_argv(testbed.names[0], ["sleep", "300"]))
     assert sleeper.wait(timeout=10) < 0  # killed by close()

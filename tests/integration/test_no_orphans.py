@@ -24,7 +24,7 @@ import socket
 import time
 
 import pytest
-from netns_bed import testbed_or_skip
+from netns_bed import netns_bed_or_skip
 from proc_table import job_pids, wait_until_gone
 
 from pytest_gpucluster.launch import get_launcher
@@ -150,7 +150,7 @@ def test_a_leftover_of_a_killed_session_is_reported_then_reaped(spawn_pytest, tm
 
 
 def test_kill_9_of_pytest_leaves_no_process_on_remote_nodes(spawn_pytest, tmp_path):
-    with testbed_or_skip(2) as bed:
+    with netns_bed_or_skip(2) as bed:
         hostfile = tmp_path / "hosts"
         hostfile.write_text(bed.hostfile_text(slots=1))
         # A template, not the "netns" preset: the launch takes the nodes for truly remote ones,

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from netns_bed import testbed_or_skip
+from netns_bed import netns_bed_or_skip
 
 from pytest_gpucluster.launch import get_launcher
 from pytest_gpucluster.results.baseline import BaselineComparison
@@ -129,7 +129,7 @@ class Bed:
 
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
-    with testbed_or_skip(2) as bed:
+    with netns_bed_or_skip(2) as bed:
         work = tmp_path_factory.mktemp("gate")
         (work / "gate-netns.yaml").write_text(PROFILE)
         (work / "hosts").write_text(bed.hostfile_text(slots=1))

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from netns_bed import testbed_or_skip
+from netns_bed import netns_bed_or_skip
 
 from pytest_gpucluster.launch import get_launcher
 from pytest_gpucluster.testbed.netns import (
@@ -99,7 +99,7 @@ def _run(argv: list[str]) -> None:
 
 @pytest.fixture
 def bed() -> Iterator[NetnsTestbed]:
-    with testbed_or_skip(2) as testbed:
+    with netns_bed_or_skip(2) as testbed:
         yield testbed
 
 
