@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from pytest_gpucluster.cluster.node_facts import ClusterFacts
-from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning
+from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning, JobFailed
 from pytest_gpucluster.harness import Part, PartRun, SharedJobs
 from pytest_gpucluster.plans.deadlines import Deadline
 from pytest_gpucluster.profiles.detect import MachineInfo
@@ -256,6 +256,10 @@ def rerun_part(shared_jobs: SharedJobs, request: pytest.FixtureRequest) -> Calla
     return lambda part: shared_jobs.rerun(part, request.node.nodeid)
 
 
+JOB_FAILURE = pytest.StashKey[JobFailed]()
+"""The failed job of a test's `job_part` fixture, raised again when the test is called (plugin.py)."""
+
+
 def job_part(planner: Planner) -> Any:
     """Declare a fixture that runs one part of the session's shared jobs::
 
@@ -276,7 +280,14 @@ def job_part(planner: Planner) -> Any:
         if part is None:
             return None  # nothing to launch: the cluster is not even built (--train-log, --nccl-log)
         shared: SharedJobs = request.getfixturevalue("shared_jobs")
-        return shared.run(part, request.node.nodeid)
+        try:
+            return shared.run(part, request.node.nodeid)
+        except JobFailed as exc:
+            # The workload the test measures crashed or hung on a rank: the cluster failed the test
+            # (FAILED, an infrastructure failure in the summary), no error in setting it up. The
+            # plugin raises it again when the test is called (`JOB_FAILURE`).
+            request.node.stash[JOB_FAILURE] = exc
+            return None
 
     fixture.__doc__ = planner.__doc__
     return fixture

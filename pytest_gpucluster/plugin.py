@@ -187,6 +187,16 @@ def _skip_on_job_skipped() -> Generator[None, None, None]:
         raise pytest.skip.Exception(str(exc), _use_item_location=True) from None
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> None:
+    """A `job_part` fixture whose job failed fails its test here, in the call phase, with the job's
+    report (which ranks, on which hosts, their tracebacks); the test function does not run."""
+    failure = pyfuncitem.stash.get(_fixtures.JOB_FAILURE, None)
+    if failure is not None:
+        # The report is the whole story; a traceback through pytest's hook wrappers would bury it.
+        pytest.fail(f"JobFailed: {failure}", pytrace=False)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     report = yield
@@ -204,7 +214,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if m.test_id == item.nodeid:
             report.user_properties.append((_MEASUREMENT_PROPERTY, json.dumps(m.to_json())))
     if call.excinfo is not None:
-        report.gpucluster_category = _category(call.excinfo)  # type: ignore[attr-defined]
+        job_failed = _fixtures.JOB_FAILURE in item.stash
+        category = "infrastructure" if job_failed else _category(call.excinfo)
+        report.gpucluster_category = category  # type: ignore[attr-defined]
     return report
 
 

@@ -220,9 +220,10 @@ def cluster():
     [
         (
             'JobFailed("job collectives-1node-x failed (1 of 2 ranks failed)\\nrank 1 on node7 raised OSError")',
-            # the job is the test's fixture: an error at set-up; the skips are the inter-node test (one
-            # node) and the nccl-tests test of both scopes (no binaries)
-            {"errors": 7, "skipped": 3},
+            # the job is the test's fixture, but a crashed workload fails the test (not an error at
+            # set-up); the skips are the inter-node test (one node) and the nccl-tests test of both
+            # scopes (no binaries)
+            {"failed": 7, "skipped": 3},
             "rank 1 on node7 raised OSError",
         ),
         (
@@ -244,7 +245,9 @@ def test_a_failed_or_skipped_sweep_job_is_launched_once_and_reported_by_every_te
         "pytest_gpucluster.workloads.bundle:run_parts"
     ]
     text = result.stdout.str()
-    if "errors" in outcomes:  # each test shows the job's report
+    if "failed" in outcomes:  # each test shows the job's report, counted as infrastructure
         assert text.count(shown) >= 7
+        assert "INFRASTRUCTURE ERRORS (the job could not run, a rank crashed or hung): 7" in text
+        assert "_skip_on_job_skipped" not in text  # the report, not a traceback through the hooks
     else:  # -rs groups the 7 identical reasons
         assert any(line.startswith("SKIPPED [7]") and shown in line for line in result.stdout.lines)
