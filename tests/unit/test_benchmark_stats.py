@@ -354,15 +354,19 @@ def test_without_gpus_the_nccl_tests_mode_says_what_it_needs(busbw: object, tmp_
     assert message.startswith("busbw_fidelity --nccl-tests needs CUDA and nccl-tests binaries")
 
 
-def test_the_nccl_tests_reference_reads_the_out_of_place_busbw(busbw: object, tmp_path: Path) -> None:
-    """A stand-in binary prints a recorded nccl-tests table (SuperBench, 8 x A100)."""
+@pytest.fixture
+def recorded_nccl_tests(busbw: object, tmp_path: Path) -> object:
+    """The nccl-tests reference over a stand-in binary that prints a recorded table (SuperBench, 8 x A100)."""
     log = NCCL_TESTS_DATA / "superbench_a100x8_all_reduce_error_column.log"
     binary = tmp_path / "all_reduce_perf"
     binary.write_text(f"#!/bin/sh\ncat '{log}'\n")
     binary.chmod(0o755)
     args = SimpleNamespace(nproc=8, warmup=5, iters=20)
-    reference = busbw.NcclTestsReference(args, {"all_reduce": binary}, [4 << 20, 8 << 20], 2, tmp_path)
-    got = reference()
+    return busbw.NcclTestsReference(args, {"all_reduce": binary}, [4 << 20, 8 << 20], 2, tmp_path)
+
+
+def test_the_nccl_tests_reference_reads_the_out_of_place_busbw(recorded_nccl_tests: object) -> None:
+    got = recorded_nccl_tests()
     assert got["all_reduce 4 MiB"] == 65.52  # the out-of-place column; in-place says 66.60
     assert got["all_reduce 8 MiB"] == 90.63
 
@@ -382,13 +386,8 @@ def test_the_harness_sweeps_the_grid_until_points_settle_then_only_the_pending_o
     ]
 
 
-def test_the_nccl_tests_reference_returns_only_the_pending_points(busbw: object, tmp_path: Path) -> None:
-    log = NCCL_TESTS_DATA / "superbench_a100x8_all_reduce_error_column.log"
-    binary = tmp_path / "all_reduce_perf"
-    binary.write_text(f"#!/bin/sh\ncat '{log}'\n")
-    binary.chmod(0o755)
-    args = SimpleNamespace(nproc=8, warmup=5, iters=20)
-    reference = busbw.NcclTestsReference(args, {"all_reduce": binary}, [4 << 20, 8 << 20], 2, tmp_path)
+def test_the_nccl_tests_reference_returns_only_the_pending_points(recorded_nccl_tests: object) -> None:
+    reference = recorded_nccl_tests
     assert reference(("all_reduce 8 MiB",)) == {"all_reduce 8 MiB": 90.63}
     assert reference(("all_gather 8 MiB",)) == {}  # no binary of that collective is run
 
