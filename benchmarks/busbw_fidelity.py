@@ -329,6 +329,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"--collectives: {unknown} not covered here; choose from {', '.join(covered)}")
     sizes, factor = size_grid(args.sizes or ("64M,256M,1G" if nccl else "4M,16M,64M"))
     rule = StopRule(args.tolerance, 0.95, args.min_rounds, args.max_rounds, args.max_seconds)
+    if nccl and args.control:
+        raise SystemExit(
+            "--control runs the seed reference against itself; it does not combine with --nccl-tests"
+        )
     if nccl:
         binaries = nccl_tests_binaries(args.nccl_tests, collectives)
         if isinstance(binaries, str):
@@ -344,14 +348,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     sched = rank_sched(args.rank_sched or ("none" if nccl else "quiet"))
     with sched as sched_line, tempfile.TemporaryDirectory(prefix="busbw-fidelity-") as tmp:
         work = Path(tmp)
-        harness: Any = Harness(args, collectives, sizes, factor, "nccl" if nccl else "gloo", work / "jobs")
+        harness: Any
         if args.control:
-            if nccl:
-                raise SystemExit(
-                    "--control runs the seed reference against itself; it does not combine with --nccl-tests"
-                )
             (work / "control").mkdir()
             harness = SeedReference(args, collectives, sizes, work / "control")
+        else:
+            harness = Harness(args, collectives, sizes, factor, "nccl" if nccl else "gloo", work / "jobs")
         reference: Any = (
             NcclTestsReference(args, binaries, sizes, factor, work)
             if nccl

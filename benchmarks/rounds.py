@@ -151,13 +151,15 @@ def run_interleaved(
     while not stopped:
         index = len(rounds)
         harness_first = index % 2 == 0
-        pending = None if keys is None else tuple(k for k in keys if not _settled(k, cis, rule))
-        if not drop_converged and keys is not None:
-            pending = keys
+        pending = (
+            keys
+            if keys is None or not drop_converged
+            else tuple(k for k in keys if not _settled(k, cis, rule))
+        )
         round_start = clock()
         values: dict[str, Mapping[str, float]] = {}
         for side in ("harness", "reference") if harness_first else ("reference", "harness"):
-            values[side] = call(side, pending if drop_converged else None)
+            values[side] = call(side, pending)
             pending = _checked(values[side], pending, side, index)
         keys = keys or pending
         record = RoundRecord(
