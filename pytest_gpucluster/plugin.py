@@ -48,7 +48,9 @@ MARKERS = (
     "per-node probe found them; slurm and mpi: the launching machine); otherwise skip naming the node and what "
     "is missing. needs: cuda, nccl, nvml, nvlink, ib, roce, efa, slurm, mpi, multi-node",
     "world_size(n): run this test body on n ranks through the launcher (use the process_group fixture)",
-    "burnin: burn-in checks (per-node health, stragglers, pairwise localization); select with -m burnin",
+    "burnin: burn-in tier: long load, soak, pairwise localization, DCGM level 3; select with -m burnin",
+    "quick: quick tier: per node, no inter-node traffic, a few minutes; select with -m quick",
+    "standard: standard tier: the default acceptance run; select with -m standard",
 )
 
 

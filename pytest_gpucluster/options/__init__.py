@@ -5,10 +5,9 @@ One precedence order, everywhere: command line > environment (``GPUCLUSTER_*``) 
 from, so an error can say ``--nnodes=0 (from GPUCLUSTER_NNODES)`` and the report header can
 show the effective settings.
 
-The option table is declared by subject in pytest-free modules (`options_cluster`,
-`options_launch`, `options_files`, `options_gate`, `options_burnin`; `option_spec` says what an
-option is). This module is the one entry point `plugin` calls and the only one of them that
-imports pytest.
+The option table is declared by subject in pytest-free modules of this package (`cluster`,
+`launch`, `files`, `gate`, `burnin`; `spec` says what an option is). This package's `__init__` is
+the one entry point `plugin` calls and the only one of them that imports pytest.
 """
 
 from __future__ import annotations
@@ -21,9 +20,13 @@ from typing import Any
 
 import pytest
 
-from pytest_gpucluster import options_burnin, options_cluster, options_files, options_gate, options_launch
 from pytest_gpucluster.errors import SettingsError
-from pytest_gpucluster.option_spec import Option, Setting
+from pytest_gpucluster.options import burnin as options_burnin
+from pytest_gpucluster.options import cluster as options_cluster
+from pytest_gpucluster.options import files as options_files
+from pytest_gpucluster.options import gate as options_gate
+from pytest_gpucluster.options import launch as options_launch
+from pytest_gpucluster.options.spec import Option, Setting
 
 __all__ = ["OPTIONS", "Setting", "Settings", "add_options", "resolve_settings"]
 

@@ -6,7 +6,7 @@ Part of the option table that `options` assembles; must not import pytest.
 
 from __future__ import annotations
 
-from pytest_gpucluster.option_spec import Option
+from pytest_gpucluster.options.spec import Option
 
 
 def _soak_duration(text: str) -> float:

@@ -11,7 +11,7 @@ import shlex
 from collections.abc import Mapping
 
 from pytest_gpucluster.errors import SettingsError
-from pytest_gpucluster.option_spec import Option, positive_seconds
+from pytest_gpucluster.options.spec import Option, positive_seconds
 from pytest_gpucluster.profiles.estimates import DEFAULT_JOB_TIMEOUT_S
 
 LAUNCHERS = ("torchrun", "slurm", "mpirun", "deepspeed")

@@ -6,7 +6,7 @@ Part of the option table that `options` assembles; must not import pytest.
 
 from __future__ import annotations
 
-from pytest_gpucluster.option_spec import Option, user_path
+from pytest_gpucluster.options.spec import Option, user_path
 
 
 def _gate_mode(text: str) -> str:

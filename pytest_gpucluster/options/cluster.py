@@ -5,7 +5,7 @@ Part of the option table that `options` assembles; must not import pytest.
 
 from __future__ import annotations
 
-from pytest_gpucluster.option_spec import Option, positive_int, user_path
+from pytest_gpucluster.options.spec import Option, positive_int, user_path
 
 HW = Option(
     "--hw",

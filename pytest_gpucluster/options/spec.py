@@ -1,9 +1,9 @@
 """What one gpucluster option is (`Option`), a resolved value with its source (`Setting`), and the
 value parsers several subjects share.
 
-The option table itself is split by subject (`options_cluster`, `options_launch`, `options_files`,
-`options_gate`, `options_burnin`); `options` puts it together, declares it to pytest and resolves
-it. This module, like the subject modules, must not import pytest: only `options` does.
+The option table itself is split by subject (`options.cluster`, `options.launch`, `options.files`,
+`options.gate`, `options.burnin`); the package's `__init__` puts it together, declares it to pytest
+and resolves it. This module, like the subject modules, must not import pytest: only `__init__` does.
 """
 
 from __future__ import annotations
