@@ -214,12 +214,10 @@ class Finding:
 
 
 def problem_of(m: Measurement) -> str | None:
-    """The check's own word that it could not be judged (``Check.problem``, where the model has it),
-    else ``not measured`` for a failed check without a value."""
-    problem = getattr(m, "problem", None)
-    if problem:
-        return str(problem)
-    if m.failed and not m.measured:
+    """Why the check could not be judged (``Check.problem``: not measured, broken measurement)."""
+    if m.problem:
+        return str(m.problem)
+    if m.failed and not m.measured:  # a NaN under a threshold read from an old file
         return "not measured"
     return None
 
@@ -272,7 +270,7 @@ class _Peers:
 
     @classmethod
     def of(cls, members: Iterable[Measurement]) -> _Peers:
-        judged = [m for m in members if m.verdict != "info" and m.measured]
+        judged = [m for m in members if m.verdict != "info" and m.judged and m.measured]
         return cls(len(judged), sum(m.failed for m in judged))
 
 
@@ -348,6 +346,9 @@ def _from_outcome(o: TestOutcome, hosts: Sequence[str]) -> Finding:
     if o.category == "performance":
         reason: ReasonClass = "threshold"
         why = "the test failed on a value judged outside the thresholds (a regression against the baseline)"
+    elif o.category == "not measured":
+        reason = "not measured"
+        why = "the test could not judge a threshold it has (no value, or a broken measurement)"
     else:
         reason = "workload failed"
         why = (

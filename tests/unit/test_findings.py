@@ -129,14 +129,7 @@ def test_a_threshold_without_a_value_is_not_measured_and_a_broken_one_too():
     (f,) = findings_of([nan, *_gpus()])
     assert (f.reason, f.action, f.problem, f.measured) == ("not measured", "rerun", "not measured", None)
 
-    class Broken:  # the `problem` field policy adds to Check; read through getattr until then
-        def __init__(self, m: Measurement) -> None:
-            self._m = m
-
-        def __getattr__(self, name):
-            return "broken measurement" if name == "problem" else getattr(self._m, name)
-
-    high = Broken(_m("nvlink.busbw", 2e12, 1e11, {"host": "n1"}, unit="B/s", comparison="<="))
+    high = _m("nvlink.busbw", 2e12, 1e11, {"host": "n1"}, unit="B/s", problem="broken measurement")
     (f,) = findings_of([high])
     assert (f.reason, f.problem) == ("not measured", "broken measurement")
     assert "physical ceiling" in f.why
@@ -185,3 +178,11 @@ def test_the_end_of_a_run_writes_the_findings_to_results_json_and_the_drain_list
     # a later suspect keeps the findings in the drain list
     write_suspects(tmp_path / SUSPECTS_FILE, [Suspect(node="node02", reason="late", check="health")])
     assert json.loads((tmp_path / SUSPECTS_FILE).read_text())["findings"] == stored
+
+
+def test_a_test_that_ended_not_measured_without_a_recorded_value_is_a_not_measured_finding():
+    gap = Outcome(
+        "acceptance/test_nvlink.py::test_links_up", "failed", "not measured", 0.1, "NotMeasured: ..."
+    )
+    (f,) = findings_of([], [gap])
+    assert (f.reason, f.action) == ("not measured", "rerun")
