@@ -16,7 +16,7 @@ from pytest_gpucluster import fixtures as _fixtures
 from pytest_gpucluster.errors import GpuClusterError, JobFailed, JobSkipped, LaunchError
 from pytest_gpucluster.options import add_options, resolve_settings
 from pytest_gpucluster.results.model import Measurement, TestOutcome
-from pytest_gpucluster.results.recorder import ThresholdFailure
+from pytest_gpucluster.results.recorder import NotMeasured, ThresholdFailure
 from pytest_gpucluster.session import SESSION_KEY, GpuClusterSession
 
 _MEASUREMENT_PROPERTY = "gpucluster_measurement"
@@ -225,6 +225,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def _category(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
     if excinfo.errisinstance(ThresholdFailure):  # RegressionFailure too
         return "performance"
+    if excinfo.errisinstance(NotMeasured):
+        return "not measured"
     if excinfo.errisinstance((JobFailed, LaunchError)):
         return "infrastructure"
     if excinfo.errisinstance(pytest.skip.Exception):
@@ -284,6 +286,8 @@ def _category_from_text(report: pytest.TestReport) -> str:
     text = report.longreprtext or ""
     if "ThresholdFailure" in text or "RegressionFailure" in text:
         return "performance"
+    if "NotMeasured" in text:
+        return "not measured"
     if "JobFailed" in text or "LaunchError" in text:
         return "infrastructure"
     return "failure"
