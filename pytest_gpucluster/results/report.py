@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_gpucluster.burnin.drain import DRAINING_ACTIONS, SUSPECTS_FILE, write_findings
 from pytest_gpucluster.results.baseline import BaselineComparison, GateMode, RunResults, compare_runs
 from pytest_gpucluster.results.comparison_text import (
     COMPARISON_HEADER,
@@ -26,6 +27,7 @@ from pytest_gpucluster.results.comparison_text import (
     comparison_row,
     regression_sentence,
 )
+from pytest_gpucluster.results.findings import Finding, findings_of
 from pytest_gpucluster.results.gate import Tolerances
 from pytest_gpucluster.results.model import TestOutcome
 from pytest_gpucluster.results.plots import Plot, render_plots, unavailable
@@ -363,12 +365,25 @@ def finish_run(
                     message=_unreported(comparison),
                 )
             )
+    record_findings(recorder, out_dir)
     recorder.flush()
     try:
         run = RunResults.from_json(recorder.to_json(), str(recorder.path))
         return Finished(comparison, write_reports(run, out_dir, comparison))
     except Exception as exc:  # a plotting bug or a full disk must not hide the test results
         return Finished(comparison, None, f"could not be written to {out_dir}: {type(exc).__name__}: {exc}")
+
+
+def record_findings(recorder: Recorder, out_dir: Path) -> list[Finding]:
+    """The run's findings into results.json (``findings``) and into the drain list (suspects.json,
+    where burn-in wrote one or a finding needs a host drained)."""
+    hosts = [str(h) for h in (recorder.header.get("fingerprint") or {}).get("hosts") or ()]
+    findings = findings_of(recorder.measurements, recorder.outcomes, hosts)
+    recorder.header["findings"] = [f.to_json() for f in findings]
+    drain_list = out_dir / SUSPECTS_FILE
+    if drain_list.exists() or any(f.action in DRAINING_ACTIONS and f.host for f in findings):
+        write_findings(drain_list, recorder.header["findings"])
+    return findings
 
 
 def _unreported(comparison: BaselineComparison) -> str:
