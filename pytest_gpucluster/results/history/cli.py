@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_gpucluster.errors import GpuClusterError
-from pytest_gpucluster.results.history import HISTORY_ENV, read_run_file
+from pytest_gpucluster.results.baseline import read_results
+from pytest_gpucluster.results.history import HISTORY_ENV
 from pytest_gpucluster.results.history.nodes import (
     DEFAULT_MAX_FAILURE_RATE,
     DEFAULT_RECURRING,
@@ -41,8 +42,8 @@ def cmd_add(args: argparse.Namespace) -> int:
     db = _db(args)
     with HistoryStore.open(db) as store:
         for name in args.results:
-            run, findings = read_run_file(Path(name))
-            result = store.append(run, findings)
+            run = read_results(Path(name))
+            result = store.append(run)
             state = "added as" if result.added else "already stored as"
             print(f"{name}: {state} run #{result.run_id} ({len(run.measurements)} measurements)")
     return 0

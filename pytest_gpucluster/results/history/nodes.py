@@ -1,10 +1,10 @@
 """What the history says about each node: its failures run by run, the lemons, one metric's trend.
 
-A node *failed* in a run when a check that names it (its ``host``/``node`` label) missed its
-threshold, or a finding names it. Each failure is kept with its evidence: the run, the test,
-the metric, the component (GPU, port, rank), the measured value against the threshold, and the
-reason class (the finding's, else from the test's outcome: a missed threshold is ``threshold``,
-a value the run could not measure ``not measured``).
+A node *failed* in a run when one of the run's findings (``results/findings.py``, stored with
+the run) names it: a value of the node that missed its threshold or could not be measured, or a
+failed test whose message names the node. Each failure keeps its evidence: the run, the test,
+the metric, the component (GPU, port, rank), the measured value against the threshold, the
+reason class and the next action from the findings' ladder.
 
 **Lemons** (the nodes to take out of the pool), over the last ``window`` runs:
 
@@ -22,13 +22,11 @@ Reads through `HistoryStore`; no pytest.
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
 
 from pytest_gpucluster.results.history.store import HistoryStore, StoredRun
 from pytest_gpucluster.results.text import format_value
@@ -92,89 +90,26 @@ class Failure:
         )
 
 
-def _reason(value: float | None, category: str | None) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "not measured"
-    if category == "infrastructure":
-        return "workload failed"
-    return "threshold"
-
-
 def failures(store: HistoryStore, runs: Sequence[StoredRun]) -> list[Failure]:
-    """Every failure naming a node in ``runs``: failed checks (the value that counts per key:
-    a confirmed re-measurement replaces its first try), then findings not already counted."""
+    """Every finding of ``runs`` that names a node (``results/findings.py``: a failed value, the
+    last of its key, or a failed test whose message names one host), in run order."""
     by_id = {r.id: r for r in runs}
     if not by_id:
         return []
     marks = ",".join("?" * len(by_id))
-    ids = tuple(by_id)
-    categories = {
-        (run_id, test_id): category
-        for run_id, test_id, category in store.query(
-            f"SELECT run_id, test_id, category FROM outcomes WHERE run_id IN ({marks})", ids
-        )
-    }
-    out: list[Failure] = []
-    latest: dict[tuple[int, str], tuple[Any, ...]] = {}
-    for row in store.query(
-        f"SELECT run_id, key, host, component, metric, test_id, value, threshold, unit, verdict, data "
-        f"FROM measurements WHERE run_id IN ({marks}) AND host IS NOT NULL ORDER BY run_id, seq",
-        ids,
-    ):
-        latest[(row[0], row[1])] = row
-    for (
-        run_id,
-        _key,
-        host,
-        component,
-        metric,
-        test_id,
-        value,
-        threshold,
-        unit,
-        verdict,
-        data,
-    ) in latest.values():
-        if verdict != "fail":
-            continue
-        comparison = json.loads(data).get("comparison", ">=")
-        out.append(
-            Failure(by_id[run_id], host, component, metric, test_id, value, threshold, unit, comparison,
-                    _reason(value, categories.get((run_id, test_id))))
-        )  # fmt: skip
-    counted = {(f.run.id, f.host, f.component, f.metric) for f in out}
+    out = []
     for run_id, host, component, metric, reason, action, data in store.query(
         f"SELECT run_id, host, component, metric, reason_class, action, data FROM findings "
         f"WHERE run_id IN ({marks}) AND host IS NOT NULL ORDER BY run_id, seq",
-        ids,
+        tuple(by_id),
     ):
-        if (run_id, host, component, metric) in counted:
-            continue
         finding = json.loads(data)
         out.append(
-            Failure(by_id[run_id], host, component, metric or "(finding)", str(finding.get("test_id") or ""),
-                    finding.get("value"), finding.get("threshold"), str(finding.get("unit") or ""),
-                    str(finding.get("comparison") or ">="), reason or "unknown", action)
+            Failure(by_id[run_id], host, component, metric, str(finding.get("test_id") or ""),
+                    finding.get("measured"), finding.get("threshold"), str(finding.get("unit") or ""),
+                    str(finding.get("comparison") or ""), reason, action)
         )  # fmt: skip
-    # a finding carries the ladder's next action: give it to the failed check it describes
-    actions = {
-        (run_id, host, component, metric): (reason, action)
-        for run_id, host, component, metric, reason, action, _ in store.query(
-            f"SELECT run_id, host, component, metric, reason_class, action, data FROM findings "
-            f"WHERE run_id IN ({marks})",
-            ids,
-        )
-    }
-    return [_with_finding(f, actions.get((f.run.id, f.host, f.component, f.metric))) for f in out]
-
-
-def _with_finding(failure: Failure, found: tuple[str | None, str | None] | None) -> Failure:
-    if found is None:
-        return failure
-    reason, action = found
-    from dataclasses import replace
-
-    return replace(failure, reason_class=reason or failure.reason_class, action=action or failure.action)
+    return out
 
 
 def _took_part(store: HistoryStore, runs: Sequence[StoredRun]) -> dict[str, list[StoredRun]]:

@@ -20,22 +20,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_gpucluster.results.baseline import RunResults, hosts_of
+from pytest_gpucluster.results.findings import Finding, findings_of, host_of
 from pytest_gpucluster.results.model import SCHEMA_VERSION, Measurement
 
-__all__ = ["RunRows", "component_of", "finding_row", "host_of", "run_key", "run_rows"]
+__all__ = [
+    "RunRows",
+    "component_of",
+    "finding_component",
+    "finding_row",
+    "host_of",
+    "run_key",
+    "run_rows",
+]
 
 HEADER_KEYS = ("started_at", "profile", "fingerprint", "nccl_env", "regression", "fleet")
 """What of a results.json's header the store keeps (with the nodes' facts), to rebuild the run
 for the regression gate."""
-
-
-def host_of(labels: Mapping[str, Any]) -> str | None:
-    """The node a measurement's labels name, or None."""
-    for name in ("host", "node"):
-        value = labels.get(name)
-        if value not in (None, ""):
-            return str(value)
-    return None
 
 
 def component_of(labels: Mapping[str, Any]) -> str | None:
@@ -89,30 +89,31 @@ def _measurement_row(m: Measurement) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
-def finding_row(finding: Mapping[str, Any]) -> tuple[Any, ...]:
-    """One finding of results.json's ``findings`` (``results/findings.py``): its node, component,
-    metric, reason class and next action as columns, the whole finding as JSON."""
-    where = finding.get("where") if isinstance(finding.get("where"), Mapping) else {}
-    labels = {
-        **dict(where or {}),
-        **{k: v for k, v in finding.items() if k in ("host", "node", "gpu", "port", "device", "rank")},
-    }
-    reason = finding.get("reason_class", finding.get("reason"))
-    action = finding.get("action", finding.get("next_action"))
+def finding_component(finding: Finding) -> str | None:
+    """The component a finding names, named as `component_of` names a measurement's."""
+    if finding.gpu:
+        return component_of({"gpu": finding.gpu})
+    if finding.port:
+        return f"port {finding.port}"
+    return component_of({k: v for k, v in finding.labels.items() if k == "rank"})
+
+
+def finding_row(finding: Finding) -> tuple[Any, ...]:
+    """One finding (``results/findings.py``): its node, component, metric, reason class and next
+    action as columns, the whole finding as JSON."""
     return (
-        host_of(labels),
-        component_of(labels),
-        None if finding.get("metric") is None else str(finding["metric"]),
-        None if reason is None else str(reason),
-        None if action is None else str(action),
-        json.dumps(dict(finding), default=str),
+        finding.host,
+        finding_component(finding),
+        finding.metric,
+        finding.reason,
+        finding.action,
+        json.dumps(finding.to_json(), default=str),
     )
 
 
-def run_rows(
-    run: RunResults, findings: Sequence[Mapping[str, Any]] = (), *, added_at: float | None = None
-) -> RunRows:
-    """The rows of one run (``findings``: results.json's ``findings`` list, when it has one)."""
+def run_rows(run: RunResults, *, added_at: float | None = None) -> RunRows:
+    """The rows of one run. Its findings are built from its measurements and outcomes
+    (`findings_of`, as ``gpucluster report`` does), so a results.json of any version has them."""
     header: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
     for name in HEADER_KEYS:
         value = getattr(run, name)
@@ -124,7 +125,7 @@ def run_rows(
     failed_tests = sum(1 for o in run.outcomes if o.outcome in ("failed", "error"))
     failed_checks = sum(1 for m in _latest(run.measurements) if m.failed)
     hosts = hosts_of(run) or sorted({h for m in run.measurements if (h := host_of(m.labels))})
-    version = 2  # what the measurements are written as, whatever the file was
+    version = SCHEMA_VERSION  # what the measurements are written as, whatever the file was
     row = (
         run_key(run), run.source, run.started_at, time.time() if added_at is None else added_at,
         run.profile.get("name"), json.dumps(hosts), failed_tests, len(run.outcomes), failed_checks,
@@ -133,6 +134,7 @@ def run_rows(
     outcomes = tuple(
         (o.test_id, o.outcome, o.category, float(o.duration_s), o.message or "") for o in run.outcomes
     )
+    findings = findings_of(run.measurements, run.outcomes, hosts)
     return RunRows(row[0], row, measurements, outcomes, tuple(finding_row(f) for f in findings))
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,10 +224,10 @@ class HistoryStore:
 
     # ------------------------------------------------------------------------------ writing
 
-    def append(self, run: RunResults, findings: Sequence[Mapping[str, Any]] = ()) -> AppendResult:
+    def append(self, run: RunResults) -> AppendResult:
         """Store ``run`` (and its findings) in one transaction; a run already stored (same key) is
         not added twice."""
-        rows = run_rows(run, findings)
+        rows = run_rows(run)
         with self._write() as db:
             found = db.execute("SELECT id FROM runs WHERE run_key = ?", (rows.run_key,)).fetchone()
             if found is not None:
