@@ -54,7 +54,8 @@ LAG = "time outside the all_reduce per iteration"
 @job_part
 def health_job(session: GpuClusterSession, params: Mapping[str, Any]) -> Part:
     """One health job on every node at once (the intra-node phase of the localization, too)."""
-    return plans.health_part(session.available_nodes, session.settings)
+    load_s = session.tier.load_s if session.tier is not None else None
+    return plans.health_part(session.available_nodes, session.settings, load_s)
 
 
 @job_part
@@ -78,6 +79,7 @@ def _backend(session: GpuClusterSession) -> str:
     return str(session.profile.model.cluster.backend)
 
 
+@pytest.mark.quick
 def test_rank_health_cpu(health_job: PartRun, hw: Any, judge: Any, rerun_part: Any) -> None:
     """Each rank's float32 matmul FLOP/s and memory copy bandwidth, against burnin.min_cpu_*
     (with ``--baseline``, a suspected regression runs the health job once more before it fails)."""
@@ -87,6 +89,7 @@ def test_rank_health_cpu(health_job: PartRun, hw: Any, judge: Any, rerun_part: A
     judge(checks, [health.suspect_of(c) for c in checks if c.failed], remeasure=again)
 
 
+@pytest.mark.quick
 def test_gpu_health(health_job: PartRun, hw: Any, judge: Any) -> None:
     """Each GPU's matmul, memory and host-to-device bandwidth and NVML readings."""
     checks = health.gpu_checks(health_job.values, hw.burnin, hw.name)
@@ -109,6 +112,7 @@ def test_health_stragglers(health_job: PartRun, hw: Any, judge: Any) -> None:
     )
 
 
+@pytest.mark.quick
 def test_intra_node_stragglers(health_job: PartRun, hw: Any, judge: Any) -> None:
     """Nodes whose intra-node all_reduce (all nodes at once) is slower than the other nodes'."""
     per_node = health.intra_node_samples(health_job.values)
@@ -164,11 +168,13 @@ def _counters(cluster: Any, session: Any, hw: Any) -> list[dict[str, Any]]:
     return job.values
 
 
+@pytest.mark.quick
 def test_counters_before(cluster: Any, gpucluster_session: Any, hw: Any, request: Any) -> None:
     """ECC, retired-page, remapped-row counters and XID events before the run (conftest runs this first)."""
     request.config.stash[COUNTERS_BEFORE] = _counters(cluster, gpucluster_session, hw)
 
 
+@pytest.mark.quick
 def test_counters_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any, request: Any) -> None:
     """The same counters after the run (conftest runs this last): any increase fails, naming the GPU."""
     after = _counters(cluster, gpucluster_session, hw)

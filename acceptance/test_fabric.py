@@ -94,10 +94,12 @@ def test_fabric_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any
 def test_soak(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any) -> None:
     """The gated collectives repeated for --gpucluster-soak: each series' lowest busbw and its
     variation, per node, node pair or group (see the module doc)."""
-    duration = gpucluster_session.settings.soak
+    tier = gpucluster_session.tier
+    duration = gpucluster_session.settings.soak or (tier.soak_s if tier is not None else None)
     if duration is None:
         pytest.skip(
-            "soak mode is off: pass --gpucluster-soak DURATION (e.g. 10m) to repeat the gated collectives that long"
+            "soak mode is off: pass --gpucluster-soak DURATION (e.g. 10m) to repeat the gated collectives that long, "
+            "or set tiers.burnin.soak in the profile for -m burnin"
         )
     nodes, per_node = gpucluster_session.available_nodes, gpucluster_session.ranks_per_node
     points, why = soak.runnable(soak.soak_points(hw.collectives), nodes, per_node)

@@ -42,6 +42,7 @@ from pytest_gpucluster.session import GpuClusterSession, get_session
 from pytest_gpucluster.workloads.nccl_probe import DEBUG_ENV
 
 PROBE = "pytest_gpucluster.workloads.nccl_probe:probe"
+pytestmark = pytest.mark.quick  # NCCL init: in the quick tier on one node (nccl_probe)
 PROBE_TIMEOUT_S = 300.0
 
 
@@ -81,6 +82,9 @@ def nccl_probe(session: GpuClusterSession, params: Mapping[str, Any]) -> Part | 
     if params.get("nccl_source") != "launched":
         return None
     nodes = max(1, min(session.profile.model.cluster.nodes, session.available_nodes))
+    if session.tier is not None and session.tier.tier == "quick":
+        nodes = 1  # the quick tier sends nothing between nodes: NCCL's start on one node
+
     return Part(
         "nccl-probe", PROBE, {"timeout_s": PROBE_TIMEOUT_S}, nodes=nodes, env=DEBUG_ENV, timeout_s=PROBE_TIMEOUT_S,
         init_process_group=False,  # the probe sets NCCL_DEBUG_FILE before NCCL starts

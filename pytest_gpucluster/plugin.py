@@ -141,6 +141,39 @@ def _terminal_writer(config: pytest.Config) -> Any:
     return write
 
 
+_SLOW_DESELECTED = pytest.StashKey[int]()
+
+
+def _slow_burnin(item: pytest.Item) -> bool:
+    return any(mark.kwargs.get("slow") for mark in item.iter_markers("burnin"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tiers' rules (plans/tiers.py), before ``-m`` deselects (tryfirst), in every xdist worker
+    alike: the slow burn-in parts (``burnin(slow=True)``: the pairwise localization, about n/2 + 2
+    jobs) run only when ``-m`` names burnin; every other test is in the standard tier, the quick
+    ones included, so ``-m standard`` selects what a plain run does."""
+    if "burnin" not in (config.getoption("markexpr", "") or ""):
+        slow = [item for item in items if _slow_burnin(item)]
+        if slow:
+            items[:] = [item for item in items if not _slow_burnin(item)]
+            config.hook.pytest_deselected(items=slow)
+            config.stash[_SLOW_DESELECTED] = len(slow)
+    for item in items:
+        if not _slow_burnin(item) and item.get_closest_marker("standard") is None:
+            item.add_marker(pytest.mark.standard)
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
+    count = config.stash.get(_SLOW_DESELECTED, 0)
+    if not count:
+        return []
+    return [
+        f"gpucluster: {count} slow burn-in test(s) deselected (pairwise localization); run them with -m burnin"
+    ]
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """A dry run prints the plan: every job the selected tests would launch, with its deadline."""
     gc = session.config.stash.get(SESSION_KEY, None)

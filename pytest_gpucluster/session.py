@@ -30,6 +30,7 @@ from pytest_gpucluster import session_header
 from pytest_gpucluster.cluster.node_facts import ClusterFacts
 from pytest_gpucluster.errors import GpuClusterError, SettingsError
 from pytest_gpucluster.options import Settings
+from pytest_gpucluster.plans.tiers import TierDurations, run_tier, tier_durations
 from pytest_gpucluster.probing import (
     PROBE_WORK_S,
     all_local,
@@ -76,6 +77,8 @@ class GpuClusterSession:
     """Why the nodes were not probed (a dry run), for skip reasons and the header."""
     history_line: str = ""
     """What appending this run to ``--gpucluster-history`` did, for the summary."""
+    tier: TierDurations | None = None
+    """The run's tier (``-m quick|standard|burnin``, `plans.tiers`) and its durations."""
 
     @classmethod
     def start(cls, config: pytest.Config, settings: Settings) -> GpuClusterSession:
@@ -102,6 +105,7 @@ class GpuClusterSession:
             is_xdist_worker=worker,
             session_tag=_session_tag(config),
             probed=probed,
+            tier=tier_durations(profile.model, run_tier(config.getoption("markexpr", "") or "")),
         )
         recorder.header = session.header_record()
         if probed is not None:

@@ -50,11 +50,15 @@ INJECTED_DELAY_S = 0.02
 """The self-test's straggler sleeps this long before each timed call: far above any tolerance."""
 
 
-def health_part(nodes: int, settings: Any) -> Part:
+def health_part(nodes: int, settings: Any, load_s: float | None = None) -> Part:
     """The health job on ``nodes`` nodes, its deadline `burnin_deadlines.health_deadline`
-    (``settings``: the session's, for ``--job-timeout`` and ``--rendezvous-timeout``)."""
-    deadline = health_deadline(nodes, settings)
-    return Part("burnin-health", HEALTH, nodes=nodes, timeout_s=deadline.seconds, deadline=deadline.text)
+    (``settings``: the session's, for ``--job-timeout`` and ``--rendezvous-timeout``; ``load_s``:
+    how long each GPU stays under load, the tier's ``load``; None: the workload's default)."""
+    deadline = health_deadline(nodes, settings, load_s)
+    options = {"load_s": load_s} if load_s is not None else {}
+    return Part(
+        "burnin-health", HEALTH, options, nodes=nodes, timeout_s=deadline.seconds, deadline=deadline.text
+    )
 
 
 def straggler_sweep_part(nodes: int, settings: Any, backend: str, inject_rank: int | None = None) -> Part:

@@ -59,9 +59,13 @@ DCGM_STARTUP_S = 60.0
 """The minute the DCGM job always had beyond the diag's own time: its start-up."""
 
 
-def health_deadline(nodes: int, settings: Any) -> Deadline:
-    """The health job on every node at once (``workloads.health:health``)."""
-    return _derived(HEALTH_WORK_S, "the health measurements' estimate", JOB_MINIMUM_S, nodes, settings)
+def health_deadline(nodes: int, settings: Any, load_s: float | None = None) -> Deadline:
+    """The health job on every node at once (``workloads.health:health``), with ``load_s`` of
+    GPU load beyond the measurements' estimate when the tier sets one."""
+    if load_s is None:
+        return _derived(HEALTH_WORK_S, "the health measurements' estimate", JOB_MINIMUM_S, nodes, settings)
+    how = f"the health measurements' estimate {HEALTH_WORK_S:g} s + the tier's {seconds(load_s)} load"
+    return _derived(HEALTH_WORK_S + load_s, how, JOB_MINIMUM_S, nodes, settings)
 
 
 def counters_deadline(nodes: int, settings: Any) -> Deadline:
