@@ -26,6 +26,7 @@ and run only with ``--gpucluster-drain``. The self-test's injected straggler is 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from pytest_gpucluster.fixtures import job_part, run_with_deadline
 from pytest_gpucluster.harness import Part, PartRun
 from pytest_gpucluster.inputs import read_texts
 from pytest_gpucluster.parsers.nccl_log import parse_nccl_log
+from pytest_gpucluster.plan_items import launches
 from pytest_gpucluster.plans import burnin as plans
 from pytest_gpucluster.plans.burnin_deadlines import counters_deadline, pair_deadline
 from pytest_gpucluster.session import GpuClusterSession
@@ -160,7 +162,10 @@ def _counters(cluster: Any, session: Any, hw: Any) -> list[dict[str, Any]]:
         pytest.skip(f"profile {hw.name} is a CPU profile: no GPUs, so no ECC or XID counters to read")
     nodes = session.available_nodes
     deadline = counters_deadline(nodes, session.settings)
-    job = run_with_deadline(cluster, plans.COUNTERS, deadline, nodes=nodes, name="burnin-counters")
+    estimate = plans.counters_part(nodes, session.settings).estimate_s
+    job = run_with_deadline(
+        cluster, plans.COUNTERS, deadline, nodes=nodes, name="burnin-counters", estimate_s=estimate
+    )
     if not any(v.get("nvml") for v in job.values):
         pytest.skip(
             "ECC/XID counters: " + (health.skip_sentence(job.values, "nvml") or "NVML returned nothing")
@@ -168,13 +173,25 @@ def _counters(cluster: Any, session: Any, hw: Any) -> list[dict[str, Any]]:
     return job.values
 
 
+def _counters_plan(when: str) -> Any:
+    def planned(session: Any, params: Any) -> list[Any]:
+        if session.profile.model.cluster.device != "cuda":
+            return []  # a CPU profile has no counters to read: the tests skip
+        part = plans.counters_part(session.available_nodes, session.settings)
+        return [replace(part, name=f"{part.name} ({when})")]
+
+    return planned
+
+
 @pytest.mark.quick
+@launches(_counters_plan("before"))
 def test_counters_before(cluster: Any, gpucluster_session: Any, hw: Any, request: Any) -> None:
     """ECC, retired-page, remapped-row counters and XID events before the run (conftest runs this first)."""
     request.config.stash[COUNTERS_BEFORE] = _counters(cluster, gpucluster_session, hw)
 
 
 @pytest.mark.quick
+@launches(_counters_plan("after"))
 def test_counters_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any, request: Any) -> None:
     """The same counters after the run (conftest runs this last): any increase fails, naming the GPU."""
     after = _counters(cluster, gpucluster_session, hw)
@@ -204,8 +221,16 @@ def test_version_drift(
     judge([peers.version_check(findings, hw.name, hw.versions)], [s for f in findings for s in f.suspects()])
 
 
+def _pairwise_plan(session: Any, params: Any) -> list[Any]:
+    b, backend = session.profile.model.burnin, session.profile.model.cluster.backend
+    return plans.pairwise_parts(
+        session.available_nodes, int(b.pair_size), b.pair_iters, backend, session.settings
+    )
+
+
 @pytest.mark.burnin(slow=True)
 @pytest.mark.gpucluster(needs=["multi-node"])
+@launches(_pairwise_plan)
 def test_pairwise_localization(
     cluster: Any, gpucluster_session: Any, hw: Any, health_job: PartRun, judge: Any
 ) -> None:

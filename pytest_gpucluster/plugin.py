@@ -68,6 +68,7 @@ def pytest_configure(config: pytest.Config) -> None:
         session = GpuClusterSession.start(config, settings)
     except GpuClusterError as exc:
         raise pytest.UsageError(f"gpucluster: {exc}") from None
+    session.verbose = config.get_verbosity() > 0
     config.stash[SESSION_KEY] = session
     _sigterm_stops_like_ctrl_c(config)
     _start_regression_gate(session)
@@ -175,13 +176,27 @@ def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """A dry run prints the plan: every job the selected tests would launch, with its deadline."""
+    """The plan of the selected tests (plan_items.py), before any test runs: results.json keeps it;
+    a dry run prints it as a table with its totals; ``--gpucluster-budget`` refuses a session whose
+    estimate exceeds it, naming the jobs that cost most."""
     gc = session.config.stash.get(SESSION_KEY, None)
-    if gc is None or gc.is_xdist_worker or not gc.settings.dry_run:
+    if gc is None or gc.is_xdist_worker or session.config.option.collectonly:
         return
+    if not (gc.settings.dry_run or gc.settings.budget is not None or session.items):
+        return
+    from pytest_gpucluster.plan_items import dry_run_lines, session_plan
+
+    plan, errors = session_plan(list(session.items), gc)
+    gc.recorder.header["plan"] = plan.to_json()
     write = gc.progress or print
-    for line in _fixtures.dry_run_plan(list(session.items), gc):
-        write(line)
+    if gc.settings.dry_run:
+        for line in dry_run_lines(plan, errors, verbose=session.config.get_verbosity() > 0):
+            write(line)
+    budget = gc.settings.budget
+    if budget is not None and plan.total_s() > budget:
+        from pytest_gpucluster.plans.session_plan import over_budget
+
+        raise pytest.UsageError(f"gpucluster: {over_budget(plan, budget, gc.settings.source('budget'))}")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -79,6 +79,8 @@ class GpuClusterSession:
     """What appending this run to ``--gpucluster-history`` did, for the summary."""
     tier: TierDurations | None = None
     """The run's tier (``-m quick|standard|burnin``, `plans.tiers`) and its durations."""
+    verbose: bool = False
+    """``-v``: a dry run prints every command with its environment."""
 
     @classmethod
     def start(cls, config: pytest.Config, settings: Settings) -> GpuClusterSession:
@@ -127,13 +129,18 @@ class GpuClusterSession:
         if self.probed is not None or self.is_xdist_worker:
             return self.node_facts
         options = probe_options(self.forward_patterns)
+        cuda = self.profile.model.cluster.device == "cuda"
+        if self.settings.dry_run and cuda and not self.machine.cuda_available and all_local(self.hosts):
+            self.not_probed = f"this machine has no GPU to probe for profile {self.profile.name}"
+            return None
         if all_local(self.hosts):
             facts = probe_here(options)
         elif self.cluster_error() is not None:
             return None
         elif self.settings.dry_run:
             self.not_probed = "a dry run probes no node, so GPU counts and capabilities are not judged"
-            for command in self.cluster.commands_for(PROBE_WORKLOAD, nproc_per_node=1, options=options):
+            commands = self.cluster.commands_for(PROBE_WORKLOAD, nproc_per_node=1, options=options)
+            for command in commands if self.verbose else ():
                 (self.progress or print)(f"[dry run] probe: {command.host}: {command.shell_line()}")
             return None
         else:

@@ -267,6 +267,8 @@ def sweep_part(
         env=dict(env or {}),
         timeout_s=deadline.seconds,
         deadline=deadline.text,
+        estimate_s=deadline.estimate_s,
+        startup_s=SWEEP_STARTUP_S,
     )
 
 

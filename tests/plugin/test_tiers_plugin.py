@@ -88,3 +88,78 @@ def test_the_quick_tier_of_the_acceptance_suite():
     assert collectives == ["test_collective[all_reduce-intra-node]"]
     assert "acceptance/test_burnin.py::test_rank_health_cpu" in ids
     assert "acceptance/test_burnin.py::test_pairwise_localization" not in ids
+
+
+def _acceptance(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "acceptance/", "-p", "no:cacheprovider", "-p", "no:xdist", "-s",
+         "--confcutdir=acceptance", "--gpucluster-dry-run", f"--results-dir={tmp_path / 'r'}", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_the_dry_run_of_8_gpu_nodes_is_a_table_with_a_total_and_no_environment(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("".join(f"gpu{i:02d} slots=8\n" for i in range(1, 9)))
+    done = _acceptance(tmp_path, "--hw=h200-spectrumx", f"--hostfile={hosts}", "-q")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    out = done.stdout
+    assert (
+        "[dry run] plan for 8 node(s) (hostfile " in out and "from profile h200-spectrumx's node shape" in out
+    )
+    header = next(line for line in out.splitlines() if "NODES x RANKS" in line)
+    assert header.split()[2:] == ["JOB", "NODES", "x", "RANKS", "TIER", "ESTIMATED", "RUN", "DEADLINE"]
+    rows = {
+        line.split()[2]: line.split() for line in out.splitlines() if line.strip().startswith("[dry run]   ")
+    }
+    assert rows["burnin-health"][3:6] == ["8", "x", "8"] and rows["burnin-health"][6] == "quick"
+    assert rows["collectives-all_reduce-inter-node"][3:7] == ["2", "x", "8", "standard"]
+    assert "[dry run]   estimated total: " in out and "[dry run]   by tier (" in out
+    assert "GPUCLUSTER_JOB_ID=" not in out  # the environment only with -v
+    plan = json.loads((tmp_path / "r" / "results.json").read_text())["plan"]
+    assert plan["total_s"] > 0 and plan["tiers"]["quick"] < plan["tiers"]["standard"] == plan["total_s"]
+    assert {j["name"] for j in plan["jobs"]} >= {"node-probe", "burnin-health", "burnin-counters (before)"}
+
+
+def test_a_laptop_plans_from_the_profile_and_a_budget_refuses_naming_the_costliest(tmp_path):
+    """No GPU here, no hostfile: the quick tier of an 8-GPU profile is still planned (from its node
+    shape), and a 1-minute budget refuses it before any launch."""
+    done = _acceptance(tmp_path, "--hw=h200-spectrumx", "-m", "quick", "--gpucluster-budget=1m")
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "this machine has no GPU to probe for profile h200-spectrumx" in done.stdout
+    assert "[dry run]   burnin-health " in done.stdout
+    said = done.stderr.strip().splitlines()[-1]
+    assert "exceeds --gpucluster-budget 60 s (from command line)" in said, said
+    assert "Costliest: " in said and "numerics" in said, said
+
+
+ONE_JOB = """
+from pytest_gpucluster.fixtures import job_part
+from pytest_gpucluster.harness import Part
+
+
+@job_part
+def noop_job(session, params):
+    return Part("noop", "pytest_gpucluster.workloads.basic:noop", timeout_s=120, estimate_s=30.0, startup_s=20.0)
+
+
+def test_noop(noop_job, results):
+    results.record("demo.ran", 1.0, unit="x")
+"""
+
+
+def test_results_json_keeps_the_plan_and_each_jobs_real_time_beside_its_estimate(
+    pytester, tmp_path, monkeypatch
+):
+    monkeypatch.delenv("GPUCLUSTER_HW", raising=False)
+    monkeypatch.delenv("_GPUCLUSTER_SESSION_RESULTS_DIR", raising=False)
+    pytester.makepyfile(test_one_job=ONE_JOB)
+    result = pytester.runpytest_inprocess("--hw=cpu-local", f"--results-dir={tmp_path / 'res'}")
+    result.assert_outcomes(passed=1)
+    data = json.loads((tmp_path / "res" / "results.json").read_text())
+    [planned] = data["plan"]["jobs"]
+    assert (planned["name"], planned["estimate_s"], planned["tier"]) == ("noop", 30.0, "standard")
+    [ran] = data["jobs"]
+    assert ran["parts"] == ["noop"] and ran["status"] == "ok" and ran["job_id"].startswith("noop-")
+    assert (ran["estimate_s"], ran["deadline_s"]) == (30.0, 120.0)
+    assert 0 < ran["actual_s"] < 120
