@@ -16,7 +16,7 @@ from pytest_gpucluster import fixtures as _fixtures
 from pytest_gpucluster.errors import GpuClusterError, JobFailed, JobSkipped, LaunchError
 from pytest_gpucluster.options import add_options, resolve_settings
 from pytest_gpucluster.results.model import Measurement, TestOutcome
-from pytest_gpucluster.results.recorder import ThresholdFailure
+from pytest_gpucluster.results.recorder import NotMeasured, ThresholdFailure
 from pytest_gpucluster.session import SESSION_KEY, GpuClusterSession
 
 _MEASUREMENT_PROPERTY = "gpucluster_measurement"
@@ -225,6 +225,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def _category(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
     if excinfo.errisinstance(ThresholdFailure):  # RegressionFailure too
         return "performance"
+    if excinfo.errisinstance(NotMeasured):
+        return "not measured"
     if excinfo.errisinstance((JobFailed, LaunchError)):
         return "infrastructure"
     if excinfo.errisinstance(pytest.skip.Exception):
@@ -284,6 +286,8 @@ def _category_from_text(report: pytest.TestReport) -> str:
     text = report.longreprtext or ""
     if "ThresholdFailure" in text or "RegressionFailure" in text:
         return "performance"
+    if "NotMeasured" in text:
+        return "not measured"
     if "JobFailed" in text or "LaunchError" in text:
         return "infrastructure"
     return "failure"
@@ -304,6 +308,24 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     gc.finished = finished
     if finished.comparison is not None and finished.comparison.fails and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if gc.settings.history is not None:
+        gc.history_line = _append_history(gc)
+
+
+def _append_history(gc: GpuClusterSession) -> str:
+    """Append the finished run to the history store; a store that cannot take it is said, never
+    a failure of the run (its results.json stands, and `gpucluster history add` takes it later)."""
+    from pytest_gpucluster.results.history import record_run
+
+    db = gc.settings.history
+    gc.recorder.flush()
+    try:
+        return record_run(db, gc.recorder.path)
+    except GpuClusterError as exc:
+        return (
+            f"WARNING history: this run was not appended to {db}: {exc}; "
+            f"append it later with: gpucluster history add --db {db} {gc.recorder.path}"
+        )
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -318,7 +340,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     finished = session.finished
     terminalreporter.section("gpucluster summary")
     extra = finished.summary_args() if finished else {}
-    for line in summary_lines(session.recorder, session.results_dir, **extra):
+    lines = summary_lines(session.recorder, session.results_dir, **extra)
+    if session.history_line:
+        lines.append(session.history_line)
+    for line in lines:
         bad = line.startswith(("FAILED", "REGRESSION", "PERFORMANCE", "INFRASTRUCTURE", "OTHER", "FAIL "))
         terminalreporter.write_line(line, red=bad, yellow=line.startswith("WARNING"))
 

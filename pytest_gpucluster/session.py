@@ -74,6 +74,8 @@ class GpuClusterSession:
     """The per-node probe's facts once taken (or read from the controller's ``probe.json``)."""
     not_probed: str | None = None
     """Why the nodes were not probed (a dry run), for skip reasons and the header."""
+    history_line: str = ""
+    """What appending this run to ``--gpucluster-history`` did, for the summary."""
 
     @classmethod
     def start(cls, config: pytest.Config, settings: Settings) -> GpuClusterSession:

@@ -74,7 +74,7 @@ def direction_of(m: Check) -> tuple[Direction | None, str]:
 
 def gated(m: Check) -> bool:
     """Whether the gate may fail on ``m`` (a floor or ceiling, or the check asks for it)."""
-    if m.baseline_gate is False:
+    if m.baseline_gate is False or not m.judged:
         return False
     if m.baseline_gate:
         return direction_of(m)[0] is not None
@@ -245,7 +245,9 @@ def compare_pair(
     if direction is None:
         direction, why = direction_of(old)
     tolerance, source = tolerances.lookup(new.metric)
-    o, n = _finite(old.value), _finite(new.value)
+    # A check that could not be judged (not measured, broken measurement) has no value to compare.
+    o = _finite(old.value) if old.judged else None
+    n = _finite(new.value) if new.judged else None
     low, high = interval(old)
     status: Status
     margin = None
@@ -290,8 +292,8 @@ def group_key(m: Check) -> str:
 def _median_over_hosts(group: Sequence[Measurement]) -> Measurement:
     """One value for a group of per-host values: the median, its interval the median of theirs."""
     first = group[0]
-    values = [m.value for m in group if math.isfinite(m.value)]
-    ends = [interval(m) for m in group if math.isfinite(m.value)]
+    values = [m.value for m in group if m.judged and math.isfinite(m.value)]
+    ends = [interval(m) for m in group if m.judged and math.isfinite(m.value)]
     labels = {k: v for k, v in first.labels.items() if k not in HOST_LABELS}
     if not values:
         return Measurement.of(_with(first, math.nan, labels, None), test_id=first.test_id, time=first.time)

@@ -16,6 +16,12 @@ for people and is dropped, so such measurements carry no ``ref``. Two optional k
 regression gate judges it) and ``attempt`` (2 for the confirmation of a suspected regression,
 recorded after the first measurement of the same key, which it supersedes); a reader that
 ignores them still takes the last measurement of a key as its value.
+
+Version 3 adds ``problem`` (written only when set): a check that could not be judged —
+``"not measured"`` (the profile sets a threshold the run produced no value for) or ``"broken
+measurement"`` (a value the measurement path cannot physically produce, e.g. above its ceiling).
+Such a check always fails, whatever its value. Older files carry no ``problem``; a value of
+``null`` with a threshold reads as ``"not measured"``, as it always meant.
 """
 
 from __future__ import annotations
@@ -27,26 +33,34 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 __all__ = [
+    "PROBLEMS",
     "READABLE_VERSIONS",
     "SCHEMA_VERSION",
     "Check",
     "Comparison",
     "Measurement",
+    "Problem",
     "Spread",
     "TestOutcome",
     "ThresholdRef",
     "compare",
 ]
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
-"""Every results.json layout this version reads (1: free-text ``source``; 2: ``ref`` and ``hint``)."""
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+"""Every results.json layout this version reads (1: free-text ``source``; 2: ``ref`` and ``hint``;
+3: ``problem``)."""
 
 Comparison = Literal[">=", "<=", "=="]
 Verdict = Literal["pass", "fail", "info"]
-Category = Literal["pass", "performance", "infrastructure", "failure", "skipped"]
-"""How a test ended: passed; a measured value missed its threshold; the job could not run or a rank
-crashed/hung; any other failure (a bug, a wrong result); skipped. Never conflated in the summary."""
+Problem = Literal["not measured", "broken measurement"]
+"""Why a check could not be judged: the run produced no value for a threshold the profile sets; or
+the value is one its measurement path cannot produce (above the physical ceiling of the path)."""
+PROBLEMS: tuple[Problem, ...] = ("not measured", "broken measurement")
+Category = Literal["pass", "performance", "not measured", "infrastructure", "failure", "skipped"]
+"""How a test ended: passed; a measured value missed its threshold; a threshold could not be judged
+(not measured, or a broken measurement); the job could not run or a rank crashed/hung; any other
+failure (a bug, a wrong result); skipped. Never conflated in the summary."""
 
 _COMPARISONS = (">=", "<=", "==")
 
@@ -142,20 +156,36 @@ class Check:
     it when it has a floor or a ceiling; True also without one (a curve summary such as peak
     busbw); False never (shown in the comparison, never failed on: a value relative to its
     peers, whose own threshold already judges it)."""
+    problem: Problem | None = None
+    """Why the check could not be judged (`Problem`); set, the check fails whatever its value, and
+    the hint says the reason. A threshold with a NaN value is ``"not measured"`` without saying so."""
 
     def __post_init__(self) -> None:
         if self.comparison not in _COMPARISONS:
             raise ValueError(f"{self.metric}: comparison must be one of {', '.join(_COMPARISONS)}")
+        if self.problem is not None and self.problem not in PROBLEMS:
+            raise ValueError(
+                f"{self.metric}: problem must be one of {', '.join(PROBLEMS)}, got {self.problem!r}"
+            )
         object.__setattr__(self, "value", float(self.value))
         if self.threshold is not None:
             object.__setattr__(self, "threshold", float(self.threshold))
+            if self.problem is None and math.isnan(self.value):
+                object.__setattr__(self, "problem", "not measured")
         object.__setattr__(self, "labels", dict(self.labels))
 
     @property
     def verdict(self) -> Verdict:
+        if self.problem is not None:
+            return "fail"
         if self.threshold is None:
             return "info"
         return "pass" if compare(self.value, self.threshold, self.comparison) else "fail"
+
+    @property
+    def verdict_label(self) -> str:
+        """``PASS``, ``FAIL``, ``INFO``, ``NOT MEASURED`` or ``BROKEN MEASUREMENT``, as tables show it."""
+        return (self.problem or self.verdict).upper()
 
     @property
     def failed(self) -> bool:
@@ -163,8 +193,15 @@ class Check:
 
     @property
     def measured(self) -> bool:
-        """False for a threshold the run had no value for (NaN): a set-up gap, not a slow cluster."""
-        return not math.isnan(self.value)
+        """False for a threshold the run had no value for (``problem`` "not measured", or a NaN):
+        a set-up gap, not a slow cluster. A broken measurement was measured (wrongly)."""
+        return self.problem != "not measured" and not math.isnan(self.value)
+
+    @property
+    def judged(self) -> bool:
+        """Whether the value could be judged at all (no `problem`): the only values a baseline or
+        a regression gate may compare."""
+        return self.problem is None
 
     @property
     def key(self) -> str:
@@ -208,6 +245,8 @@ class Measurement(Check):
             data["baseline_gate"] = self.baseline_gate
         if self.attempt != 1:
             data["attempt"] = self.attempt
+        if self.problem is not None:
+            data["problem"] = self.problem
         return data
 
     @classmethod
@@ -237,6 +276,7 @@ class Measurement(Check):
             ),
             hint=str(data.get("hint") or ""),
             baseline_gate=_optional_bool(data.get("baseline_gate")),
+            problem=_problem(data.get("problem")),
             test_id=str(data.get("test_id", "")),
             time=float(data.get("time") or 0.0),
             attempt=int(data.get("attempt") or 1),
@@ -247,6 +287,12 @@ def _optional_bool(value: Any) -> bool | None:
     if value is None or isinstance(value, bool):
         return value
     raise ValueError(f"baseline_gate must be true, false or null, got {value!r}")
+
+
+def _problem(value: Any) -> Problem | None:
+    if value is None or value in PROBLEMS:
+        return value
+    raise ValueError(f"problem must be one of {', '.join(PROBLEMS)} or null, got {value!r}")
 
 
 def _spread_json(spread: Spread) -> dict[str, Any]:

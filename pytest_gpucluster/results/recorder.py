@@ -36,7 +36,8 @@ class RegressionFailure(ThresholdFailure):
 
 
 class NotMeasured(AssertionError):
-    """The profile sets a threshold that the run measured nothing for (a set-up gap, not a slow cluster)."""
+    """A threshold the profile sets could not be judged: the run measured nothing for it (a set-up
+    gap, not a slow cluster) or its value is a broken measurement (``Check.problem``)."""
 
 
 @dataclass(repr=False)
@@ -66,9 +67,10 @@ class Recorder:
     ) -> list[Measurement]:
         """Record every check, then fail once, listing every check that failed (not just the first).
 
-        A failed check with no measured value (NaN: the profile sets a threshold the run could not
-        measure) is listed after the misses; when it is the only kind of failure the error is a
-        `NotMeasured` (a set-up gap), otherwise a `ThresholdFailure`. ``footer`` is said once after
+        A failed check that could not be judged (``Check.problem``: the profile sets a threshold the
+        run produced no value for, or a broken measurement) is listed after the misses; when it is
+        the only kind of failure the error is a `NotMeasured` (a set-up gap or a broken
+        measurement path, not a slow cluster), otherwise a `ThresholdFailure`. ``footer`` is said once after
         the failures (a table they share).
 
         With a baseline, each gated value is judged against it as it is recorded; a suspected
@@ -86,8 +88,8 @@ class Recorder:
             self._record(confirmations)
             regression_lines = review.lines
         judged = [*recorded, *confirmations]
-        missed = [failure_message(m) for m in judged if m.failed and m.measured]
-        unmeasured = [failure_message(m) for m in judged if m.failed and not m.measured]
+        missed = [failure_message(m) for m in judged if m.failed and m.judged]
+        unmeasured = [failure_message(m) for m in judged if m.failed and not m.judged]
         lines = [*missed, *unmeasured]
         if lines and footer:
             lines.append(footer)

@@ -34,7 +34,7 @@ from pytest_gpucluster.results.baseline import (
 )
 from pytest_gpucluster.results.comparison_text import regression_sentence
 from pytest_gpucluster.results.gate import MetricChange, Tolerances, judge_groups, latest_by_key
-from pytest_gpucluster.results.model import Check, Measurement
+from pytest_gpucluster.results.model import SCHEMA_VERSION, Check, Measurement
 
 __all__ = ["RegressionGate", "Remeasure", "Review"]
 
@@ -75,7 +75,9 @@ class RegressionGate:
         cls, baseline: RunResults, header: Mapping[str, Any], tolerances: Tolerances, mode: GateMode
     ) -> RegressionGate:
         """The gate of a run whose results.json header is ``header`` (fingerprint, profile, NCCL env)."""
-        current = RunResults.from_json({**header, "schema_version": 2, "measurements": []}, "this run")
+        current = RunResults.from_json(
+            {**header, "schema_version": SCHEMA_VERSION, "measurements": []}, "this run"
+        )
         return cls(
             baseline,
             tolerances,

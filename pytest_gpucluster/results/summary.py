@@ -22,6 +22,7 @@ HEADER = ("VERDICT", "METRIC", "MEASURED", "THRESHOLD")
 CATEGORY_NAMES = {
     "pass": "passed",
     "performance": "below threshold",
+    "not measured": "not measured",
     "infrastructure": "infrastructure errors",
     "failure": "other failures",
     "skipped": "skipped",
@@ -29,6 +30,7 @@ CATEGORY_NAMES = {
 FAILURE_HEADINGS = (
     ("infrastructure", "INFRASTRUCTURE ERRORS (the job could not run, a rank crashed or hung)"),
     ("performance", "PERFORMANCE FAILURES (a measured value missed its threshold)"),
+    ("not measured", "NOT MEASURED (a threshold the profile sets had no value, or a broken measurement)"),
     ("failure", "OTHER FAILURES (a bug or a wrong result, not a measurement)"),
 )
 
@@ -51,7 +53,7 @@ def measurement_rows(measurements: Sequence[Measurement]) -> list[tuple[str, str
     gated = sorted(
         (m for m in measurements if m.verdict != "info"), key=lambda m: (_ORDER[m.verdict], m.metric)
     )
-    rows = [(m.verdict.upper(), subject(m), format_value(m.value, m.unit), _threshold(m)) for m in gated]
+    rows = [(m.verdict_label, subject(m), format_value(m.value, m.unit), _threshold(m)) for m in gated]
     info: dict[tuple[str, str | None], list[Measurement]] = defaultdict(list)
     for m in measurements:
         if m.verdict == "info":

@@ -41,7 +41,7 @@ _EXPECTED = {">=": "at least", "<=": "at most", "==": "exactly"}
 
 
 def failure_message(check: Check) -> str:
-    """``metric [scope] (labels): measured X, expected at least Y (threshold from profile P: key);
+    """``[NOT MEASURED: |BROKEN MEASUREMENT: ]metric [scope] (labels): measured X, expected at least Y (threshold from profile P: key);
     median of n, range a..b. <hint>`` — the value, the threshold, where it comes from, the noise,
     and what to look at next."""
     where = f" [{check.scope}]" if check.scope else ""
@@ -56,8 +56,9 @@ def failure_message(check: Check) -> str:
         )
     src = f" (threshold from {check.ref})" if check.ref is not None else ""
     threshold = "n/a" if check.threshold is None else format_value(check.threshold, check.unit)
+    problem = f"{check.problem.upper()}: " if check.problem else ""
     text = (
-        f"{check.metric}{where}{labels}: measured {format_value(check.value, check.unit)}, expected "
+        f"{problem}{check.metric}{where}{labels}: measured {format_value(check.value, check.unit)}, expected "
         f"{_EXPECTED[check.comparison]} {threshold}{src}{noise}"
     )
     return f"{text}. {check.hint}".rstrip() if check.hint else text

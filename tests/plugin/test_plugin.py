@@ -138,6 +138,15 @@ def test_threshold_failure_is_a_performance_failure(run, tmp_path):
     assert data["outcomes"][0]["category"] == "performance"
 
 
+def test_a_threshold_with_no_value_fails_as_not_measured(run, tmp_path):
+    source = 'def test_gap(results):\n    results.check("demo.mfu", float("nan"), 0.4, unit="fraction")\n'
+    result = run(source=source)
+    result.stdout.fnmatch_lines(["NOT MEASURED*demo.mfu*n/a*>= 40%", "tests: 1 not measured"])
+    data = json.loads((tmp_path / "res" / "results.json").read_text())
+    assert data["outcomes"][0]["category"] == "not measured"
+    assert data["measurements"][0]["problem"] == "not measured"
+
+
 def test_secrets_never_reach_results(run, tmp_path, monkeypatch):
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "eth0")
     monkeypatch.setenv("NCCL_API_TOKEN", "hunter2")

@@ -238,7 +238,8 @@ def test_read_results_errors_name_the_file_and_the_problem(tmp_path):
         read_results(tmp_path / "other.json")
     _write(tmp_path / "future.json", {"schema_version": SCHEMA_VERSION + 1, "measurements": []})
     with pytest.raises(
-        ResultsFileError, match=f"schema_version {SCHEMA_VERSION + 1}; .* versions 1, 2 .upgrade the plugin"
+        ResultsFileError,
+        match=f"schema_version {SCHEMA_VERSION + 1}; .* versions 1, 2, 3 .upgrade the plugin",
     ):
         read_results(tmp_path / "future.json")
 
