@@ -38,7 +38,7 @@ from pytest_gpucluster.probing import (
     gpu_models,
     probe_for_auto,
 )
-from pytest_gpucluster.profiles.detect import MachineInfo, choose_profile, detect_machine
+from pytest_gpucluster.profiles.detect import MachineInfo, choose_profile, detect_machine, shape_to_nodes
 from pytest_gpucluster.profiles.loader import LoadedProfile, load_profile
 from pytest_gpucluster.results.recorder import Recorder
 
@@ -93,6 +93,10 @@ class GpuClusterSession:
         else:
             name, reason = hw, f"--hw={hw} from {settings.source('hw')}"
         profile = load_profile(name, extra_dirs)
+        if hw == "auto":
+            counts = [n.gpu_count for n in probed.nodes] if probed is not None else [machine.gpu_count]
+            profile, shaped = shape_to_nodes(profile, counts)
+            reason = f"{reason}; {shaped}" if shaped else reason
         recorder = Recorder(path=results_dir / "results.json", persist=not worker)
         session = cls(
             settings=settings,
