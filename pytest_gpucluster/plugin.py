@@ -90,10 +90,8 @@ def _start_regression_gate(session: GpuClusterSession) -> None:
 
     if session.settings.baseline is None or on_rank_side():
         return
-    from pytest_gpucluster.results.baseline import read_results
-
     try:  # an unreadable baseline fails now, not after an hour of measurements
-        session.start_gate(read_results(session.settings.baseline))
+        session.start_gate(session.read_baseline())
     except GpuClusterError as exc:
         raise pytest.UsageError(f"gpucluster: --baseline: {exc}") from None
 

@@ -124,7 +124,7 @@ class Settings:
     nccl_log: tuple[str, ...]
     train_log: tuple[str, ...]
     nccl_tests_dir: Path | None
-    baseline: Path | None
+    baseline: Path | options_gate.HistoryRuns | None
     soak: float | None
     max_regression: float
     regression_gate: str = "fail"

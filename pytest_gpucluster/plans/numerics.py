@@ -7,9 +7,8 @@ throughput floors it is judged against.
   environment never shares a job whose earlier parts could have created one).
 - the self-test's part: the same with one rank flipping one bit (:data:`INJECT_BIT`) of one dtype's
   output, shorter (:data:`SELF_TEST_DURATION_S`; every seed still runs twice).
-- :func:`dtype_floors`: ``numerics.min_flops[dtype]`` where the profile sets one, else
-  ``numerics.min_peak_fraction[dtype]`` x the part's dense peak for the dtype (devices.yaml
-  ``dense_flops``; a profile's ``cluster.peak_flops`` stands for bf16 and fp16), else no floor.
+- :func:`dtype_floors`: ``numerics.min_flops[dtype]`` with its profile key; a part profile derives
+  them from the part's dense peak per dtype (devices.yaml ``dense_flops``, `profiles.part_rules`).
 
 Pure: no pytest, no torch.
 """
@@ -102,32 +101,10 @@ def numerics_part(model: ProfileModel, nodes: int, settings: Any, *, inject_rank
     )
 
 
-def dtype_floors(model: ProfileModel, device: Any | None) -> dict[str, Floor]:
-    """Each dtype's throughput floor per rank (module doc), with its profile key and derivation.
-    ``device``: the part's `profiles.devices.Device` (None: CPU, or a part the table lacks)."""
-    section, profile = model.numerics, model.name
+def dtype_floors(model: ProfileModel) -> dict[str, Floor]:
+    """Each dtype's throughput floor per rank (``numerics.min_flops``), with its profile key."""
     floors: dict[str, Floor] = {}
-    for dtype, value in section.min_flops.items():
-        ref = ThresholdRef(profile, ("numerics", "min_flops", dtype))
+    for dtype, value in model.numerics.min_flops.items():
+        ref = ThresholdRef(model.name, ("numerics", "min_flops", dtype))
         floors[dtype] = Floor(value, ref, f"{format_value(value, 'FLOP/s')} ({ref})")
-    for dtype, fraction in section.min_peak_fraction.items():
-        if dtype in floors:
-            continue
-        peak, source = _peak(model, device, dtype)
-        if peak is None:
-            continue  # no peak to take a fraction of: recorded, not gated (profiles check says so)
-        ref = ThresholdRef(profile, ("numerics", "min_peak_fraction", dtype))
-        floors[dtype] = Floor(
-            fraction * peak,
-            ref,
-            f"{fraction:.0%} of the dense {dtype} peak {format_value(peak, 'FLOP/s')} ({source}; {ref})",
-        )
     return floors
-
-
-def _peak(model: ProfileModel, device: Any | None, dtype: str) -> tuple[float | None, str]:
-    if dtype in ("bf16", "fp16") and model.cluster.peak_flops:
-        return model.cluster.peak_flops, "cluster.peak_flops"
-    if device is None:
-        return None, ""
-    return device.dense_peak(dtype), f"devices.yaml {device.key} dense_flops.{dtype}"
