@@ -43,6 +43,8 @@ __all__ = ["CUBLAS_WORKSPACE", "run"]
 CUBLAS_WORKSPACE = ":4096:8"
 """The workspace configuration cuBLAS's reproducibility section names (cuBLAS docs, "Results
 reproducibility"; torch's "Reproducibility" notes ask for ``:4096:8`` or ``:16:8``)."""
+_PROGRESS_S = 30.0
+"""Rank 0 says how far a dtype has got this often."""
 _KEPT_RATES = 100
 """Rates kept per dtype in the rank's record (evenly spaced): enough to draw the spread."""
 
@@ -152,9 +154,16 @@ def _one_dtype(
     first_change: dict[str, int] = {}
     rates: list[float] = []
     flops = depth * 2.0 * n**3
-    until = time.monotonic() + budget_s
+    started = time.monotonic()
+    until, said = started + budget_s, started
     repeat = 0
     while repeat < min_repeats or time.monotonic() < until:
+        if time.monotonic() - said >= _PROGRESS_S:  # a burn-in's minutes are not silent
+            said = time.monotonic()
+            ctx.progress(
+                f"numerics {spec.name}: {repeat} repeats, {said - started:.0f} of {budget_s:.0f} s, "
+                f"{statistics.median(rates) / 1e12:.4g} TFLOP/s so far"
+            )
         for seed in seeds:
             start = time.perf_counter()
             out, sums = nc.chain(torch, spec, *inputs[seed], depth, ctx.device)

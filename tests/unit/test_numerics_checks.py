@@ -186,6 +186,7 @@ def test_the_gpu_part_sets_cublas_workspace_and_lets_the_device_pick_its_dtypes(
     assert cpu.env == {} and cpu.options["inject"] == {"rank": 1, "dtype": None, "bit": 0}
     assert cpu.options["duration_s"] == 0.0 and cpu.name == "numerics-injected-corruption"
     assert "numerics.duration" in cpu.deadline
+    assert "x 5 dtypes" in gpu.deadline and "x 2 dtypes" in cpu.deadline
 
 
 def test_every_dense_peak_in_the_device_table_is_consistent_with_the_bf16_peak() -> None:
