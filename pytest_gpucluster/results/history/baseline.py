@@ -57,9 +57,16 @@ def _unhealthy(store: HistoryStore, run_ids: list[int]) -> dict[int, set[str | N
     return out
 
 
-def history_baseline(store: HistoryStore, last: int, *, profile: str | None = None) -> HistoryBaseline:
-    """The baseline of the last ``last`` healthy runs per key (module docstring) of ``profile``'s runs."""
-    runs = [r for r in store.runs() if profile is None or r.profile == profile]
+def history_baseline(
+    store: HistoryStore, last: int, *, profile: str | None = None, before: int | None = None
+) -> HistoryBaseline:
+    """The baseline of the last ``last`` healthy runs per key (module docstring) of ``profile``'s
+    runs; ``before``: as it was before run #before was stored (what that run was gated against)."""
+    runs = [
+        r
+        for r in store.runs()
+        if (profile is None or r.profile == profile) and (before is None or r.id < before)
+    ]
     bad = _unhealthy(store, [r.id for r in runs])
     taken: dict[str, int] = {}
     chosen: list[tuple[int, RunResults]] = []
