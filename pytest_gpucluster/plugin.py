@@ -118,6 +118,33 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         gc.check_leftovers(kill=gc.settings.reap)
     if not session.config.option.collectonly:
         gc.probe()
+        _preflight(gc)
+
+
+def _preflight(gc: GpuClusterSession) -> None:
+    """Hold the profile and settings against every probed node (`session_preflight`); print the findings."""
+    from pytest_gpucluster.session_preflight import preflight_lines, run_preflight
+
+    gc.preflight = run_preflight(gc)
+    for line in preflight_lines(gc.preflight or [], dry_run=gc.settings.dry_run):
+        (gc.progress or print)(line)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> bool | None:
+    """A preflight error stops the session here, after collection and before any test launches a
+    job: one failed outcome lists every finding (results.json, summary, report)."""
+    gc = session.config.stash.get(SESSION_KEY, None)
+    if gc is None or gc.is_xdist_worker or gc.settings.dry_run or session.config.option.collectonly:
+        return None
+    from pytest_gpucluster.session_preflight import stop_outcome
+
+    outcome = stop_outcome(gc.preflight or [])
+    if outcome is None:
+        return None
+    gc.recorder.add_outcome(outcome)
+    session.testsfailed = max(session.testsfailed, 1)
+    return True
 
 
 def _terminal_writer(config: pytest.Config) -> Any:
