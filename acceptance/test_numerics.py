@@ -17,7 +17,7 @@ fp32 with TF32 off and on, bf16, fp16, fp8 where the part and torch have it), re
 - ``test_numerics_throughput``: TFLOP/s per rank and dtype, recorded for the regression gate and
   gated against ``numerics.min_flops`` (a part profile's: a fraction of the part's dense peak).
 - ``test_injected_corruption_is_named``: the self-test. The last rank flips the lowest bit of one
-  element of its last dtype's output in its first run; the verdicts must name that rank, its host,
+  element of its first dtype's (fp32) output in its first run; the verdicts must name that rank, its host,
   GPU and dtype, and nobody else. (Reported here, never written to the drain list.)
 
 Under a CUDA profile every test needs CUDA on the nodes (acceptance/conftest.py).

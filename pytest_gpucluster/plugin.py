@@ -291,12 +291,34 @@ def _category_from_text(report: pytest.TestReport) -> str:
     return "failure"
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtestloop(session: pytest.Session) -> Generator[None, object, object]:
+    """With ``--gpucluster-retest-suspects``, once every test ran: the tests that named a node to
+    drain run again on those nodes only (``results/retest.py``)."""
+    result = yield
+    gc = session.config.stash.get(SESSION_KEY, None)
+    if (
+        gc is not None
+        and gc.settings.retest_suspects
+        and not gc.is_xdist_worker
+        and not gc.settings.dry_run
+        and not (session.shouldstop or session.shouldfail)
+    ):
+        from pytest_gpucluster.retesting import retest_suspects
+
+        retest_suspects(session, gc)
+    return result
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Baseline gate and report files, in the controller, before the terminal summary prints."""
     gc = session.config.stash.get(SESSION_KEY, None)
     if gc is None or gc.is_xdist_worker or not (gc.recorder.outcomes or gc.recorder.measurements):
         return
     from pytest_gpucluster.results.report import finish_run
+
+    if gc.settings.history is not None:
+        _history_column(gc)
 
     failed = any(o.category != "pass" and o.outcome in ("failed", "error") for o in gc.recorder.outcomes)
     mode = "warn" if gc.settings.regression_gate == "warn" else "fail"
@@ -308,6 +330,19 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if gc.settings.history is not None:
         gc.history_line = _append_history(gc)
+
+
+def _history_column(gc: GpuClusterSession) -> None:
+    """Each node's failures in the store's last runs, for the report's matrix (read before this
+    run is appended); an unreadable store is said when the append fails on it too."""
+    from pytest_gpucluster.results.history.column import read_history_record
+
+    try:
+        record = read_history_record(gc.settings.history, gc.hosts)
+    except GpuClusterError:
+        return
+    if record is not None:
+        gc.recorder.header["history"] = record
 
 
 def _append_history(gc: GpuClusterSession) -> str:
@@ -339,6 +374,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     terminalreporter.section("gpucluster summary")
     extra = finished.summary_args() if finished else {}
     lines = summary_lines(session.recorder, session.results_dir, **extra)
+    retest = session.recorder.header.get("retest")
+    if retest:
+        from pytest_gpucluster.results.retest import retest_lines
+
+        lines += retest_lines(retest)
     if session.history_line:
         lines.append(session.history_line)
     for line in lines:

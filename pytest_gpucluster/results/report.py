@@ -127,6 +127,10 @@ def _blocks(
     findings = findings_of(run.measurements, run.outcomes, hosts)
     matrix = node_matrix(run.measurements, run.outcomes, findings, hosts)
     matrix.add_column(action_column(findings, [r.name for r in matrix.nodes]))
+    if run.history:
+        from pytest_gpucluster.results.history.column import history_column
+
+        matrix.add_column(history_column(run.history))
     for column in columns:
         matrix.add_column(column)
     verdict = verdict_of(run.outcomes, findings, matrix, len(run.measurements))
@@ -136,6 +140,13 @@ def _blocks(
             ("h2", f"Findings: {len(findings)} (reason class and next action for each)"),
             ("findings", findings, _logs_href(run, out_dir), FINDING_ROWS),
         ]
+    if run.retest and run.retest.get("rows"):
+        retest = run.retest
+        blocks += [
+            ("h2", f"Retest of suspects: confirmed {', '.join(retest['confirmed']) or 'none'}, "
+                   f"cleared {', '.join(retest['cleared']) or 'none'}"),
+            ("table", retest["header"], retest["rows"], None),
+        ]  # fmt: skip
     skips = skip_groups(run.outcomes)
     if skips:
         skipped = sum(len(g.tests) for g in skips)

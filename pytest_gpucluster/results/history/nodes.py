@@ -112,7 +112,7 @@ def failures(store: HistoryStore, runs: Sequence[StoredRun]) -> list[Failure]:
     return out
 
 
-def _took_part(store: HistoryStore, runs: Sequence[StoredRun]) -> dict[str, list[StoredRun]]:
+def took_part(store: HistoryStore, runs: Sequence[StoredRun]) -> dict[str, list[StoredRun]]:
     """Per node, the runs it took part in: in the run's hosts, or named by one of its values."""
     seen: dict[str, set[int]] = defaultdict(set)
     for run in runs:
@@ -157,14 +157,14 @@ def find_lemons(
     for failure in found:
         by_host[failure.host].append(failure)
     lemons = []
-    for host, took_part in _took_part(store, runs).items():
+    for host, joined in took_part(store, runs).items():
         host_failures = by_host.get(host, [])
         failed_runs = len({f.run.id for f in host_failures})
         why = []
-        rate = failed_runs / len(took_part) if took_part else 0.0
+        rate = failed_runs / len(joined) if joined else 0.0
         if failed_runs >= 2 and rate > max_failure_rate:
             why.append(
-                f"failed in {failed_runs} of its last {len(took_part)} runs ({rate:.0%}, more than "
+                f"failed in {failed_runs} of its last {len(joined)} runs ({rate:.0%}, more than "
                 f"{max_failure_rate:.0%})"
             )
         per_component: dict[str, set[int]] = defaultdict(set)
@@ -179,7 +179,7 @@ def find_lemons(
                     f"{recurring} or more runs is a recurring failure)"
                 )
         if why:
-            lemons.append(Lemon(host, len(took_part), failed_runs, tuple(why), tuple(host_failures)))
+            lemons.append(Lemon(host, len(joined), failed_runs, tuple(why), tuple(host_failures)))
     return sorted(lemons, key=lambda lemon: (-lemon.failure_rate, lemon.host))
 
 
@@ -206,12 +206,12 @@ COUNTER_WORDS = ("xid", "ecc", "error", "counter", "retired", "remapped")
 
 def node_history(store: HistoryStore, host: str, *, window: int | None = None) -> NodeHistory:
     runs = store.runs(last=window)
-    took_part = _took_part(store, runs).get(host, [])
-    node_failures = tuple(f for f in failures(store, took_part) if f.host == host)
+    joined = took_part(store, runs).get(host, [])
+    node_failures = tuple(f for f in failures(store, joined) if f.host == host)
     counters: dict[str, list[tuple[StoredRun, float]]] = defaultdict(list)
-    by_id = {r.id: r for r in took_part}
-    if took_part:
-        marks = ",".join("?" * len(took_part))
+    by_id = {r.id: r for r in joined}
+    if joined:
+        marks = ",".join("?" * len(joined))
         for run_id, metric, component, value in store.query(
             f"SELECT run_id, metric, component, value FROM measurements WHERE host = ? AND value IS NOT NULL "
             f"AND run_id IN ({marks}) ORDER BY run_id, seq",
@@ -220,7 +220,7 @@ def node_history(store: HistoryStore, host: str, *, window: int | None = None) -
             if any(word in metric.lower() for word in COUNTER_WORDS):
                 name = metric + (f" [{component}]" if component else "")
                 counters[name].append((by_id[run_id], float(value)))
-    return NodeHistory(host, tuple(took_part), node_failures, dict(counters))
+    return NodeHistory(host, tuple(joined), node_failures, dict(counters))
 
 
 def trend(
