@@ -322,15 +322,22 @@ def suspects(checks: Iterable[Check]) -> list[Suspect]:
 
 def injected_problem(values: Sequence[Mapping[str, Any]], checks: Sequence[Check]) -> str | None:
     """The self-test: the rank that flipped a bit (its ``injected``) must be named for that dtype by
-    the agreement and the stability verdicts, and nobody else by any verdict. Why not, or None."""
+    the stability verdict and, where it has peers on its platform, the agreement verdict, and nobody
+    else by any verdict. Why not, or None."""
     injected = [(v, v["injected"]) for v in values if v.get("injected")]
     if len(injected) != 1:
         return f"expected one rank to report an injected bit flip, got {len(injected)}"
     value, flip = injected[0]
     expected = (str(value["host"]), int(value["rank"]), value.get("gpu"), str(flip["dtype"]))
     got = named(checks)
-    by_metric = {m: {n for n in named(c for c in checks if c.metric == m)} for m in (AGREEMENT, STABILITY)}
-    missing = [m for m, who in by_metric.items() if expected not in who]
+    # agreement only where the rank had peers to agree with (one GPU: stability alone sees the flip)
+    judged = [
+        m
+        for m in (AGREEMENT, STABILITY)
+        if any(c.metric == m and c.labels["rank"] == expected[1] for c in checks)
+    ]
+    by_metric = {m: set(named(c for c in checks if c.metric == m)) for m in judged}
+    missing = [m for m, who in by_metric.items() if expected not in who] or ([] if judged else [STABILITY])
     if got == [expected] and not missing:
         return None
     return (

@@ -242,3 +242,13 @@ def test_a_minority_gpu_becomes_a_hardware_finding_to_reset_and_two_that_disagre
     checks, _ = v.agreement_checks(pair)
     found = findings_of([Measurement.of(c, test_id="t", time=0.0) for c in checks])
     assert sorted((f.gpu, f.reason) for f in found) == [("GPU 0", "hardware"), ("GPU 1", "hardware")]
+
+
+def test_on_one_gpu_alone_the_self_test_needs_only_stability_to_name_the_flip() -> None:
+    alone = [_injected()[1]]
+    agreement, lonely = v.agreement_checks(alone)
+    assert agreement == [] and len(lonely) == 1
+    checks = v.stability_checks(alone) + v.known_answer_checks(alone)
+    assert v.injected_problem(alone, checks) is None
+    unseen = [c for c in checks if c.metric != v.STABILITY]
+    assert "named nobody" in (v.injected_problem(alone, unseen) or "")
