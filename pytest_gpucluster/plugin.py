@@ -413,7 +413,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if session.history_line:
         lines.append(session.history_line)
     for line in lines:
-        bad = line.startswith(("FAILED", "REGRESSION", "PERFORMANCE", "INFRASTRUCTURE", "OTHER", "FAIL "))
+        bad = line.startswith(
+            ("FAILED", "REGRESSION", "PERFORMANCE", "INFRASTRUCTURE", "OTHER", "FAIL ", "FINDINGS")
+        )
         terminalreporter.write_line(line, red=bad, yellow=line.startswith("WARNING"))
 
 
