@@ -74,6 +74,7 @@ def pytest_configure(config: pytest.Config) -> None:
     session.progress = _terminal_writer(config)
     config.pluginmanager.register(_ResultsHooks(session), "gpucluster-results")
     config.pluginmanager.register(_JobSkipsSkipTheTest(), "gpucluster-job-skips")
+    config.pluginmanager.register(_PreflightStops(), "gpucluster-preflight")
     config.pluginmanager.register(_fixtures, "gpucluster-fixtures")
     from pytest_gpucluster import rank_tests
 
@@ -118,6 +119,16 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         gc.check_leftovers(kill=gc.settings.reap)
     if not session.config.option.collectonly:
         gc.probe()
+        _preflight(gc)
+
+
+def _preflight(gc: GpuClusterSession) -> None:
+    """Hold the profile and settings against every probed node (`session_preflight`); print the findings."""
+    from pytest_gpucluster.session_preflight import preflight_lines, run_preflight
+
+    gc.preflight = run_preflight(gc)
+    for line in preflight_lines(gc.preflight or [], dry_run=gc.settings.dry_run):
+        (gc.progress or print)(line)
 
 
 def _terminal_writer(config: pytest.Config) -> Any:
@@ -163,6 +174,26 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     missing = session.unmet_requirements(item)
     if missing:
         pytest.skip("; ".join(missing))
+
+
+class _PreflightStops:
+    """A preflight error stops the session after collection and before any test launches a job:
+    one failed outcome lists every finding (results.json, summary, report). A class, registered in
+    pytest_configure, so that it sits beside the module's own pytest_runtestloop wrapper."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool | None:
+        gc = session.config.stash.get(SESSION_KEY, None)
+        if gc is None or gc.is_xdist_worker or gc.settings.dry_run or session.config.option.collectonly:
+            return None
+        from pytest_gpucluster.session_preflight import stop_outcome
+
+        outcome = stop_outcome(gc.preflight or [])
+        if outcome is None:
+            return None
+        gc.recorder.add_outcome(outcome)
+        session.testsfailed = max(session.testsfailed, 1)
+        return True
 
 
 class _JobSkipsSkipTheTest:
@@ -382,7 +413,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if session.history_line:
         lines.append(session.history_line)
     for line in lines:
-        bad = line.startswith(("FAILED", "REGRESSION", "PERFORMANCE", "INFRASTRUCTURE", "OTHER", "FAIL "))
+        bad = line.startswith(
+            ("FAILED", "REGRESSION", "PERFORMANCE", "INFRASTRUCTURE", "OTHER", "FAIL ", "FINDINGS")
+        )
         terminalreporter.write_line(line, red=bad, yellow=line.startswith("WARNING"))
 
 

@@ -43,6 +43,7 @@ from pytest_gpucluster.profiles.loader import LoadedProfile, load_profile
 from pytest_gpucluster.results.recorder import Recorder
 
 if TYPE_CHECKING:
+    from pytest_gpucluster.cluster.preflight import PreflightFinding
     from pytest_gpucluster.launch.leftover_check import LeftoverReport
     from pytest_gpucluster.results.baseline import RunResults
     from pytest_gpucluster.results.gate import Tolerances
@@ -73,6 +74,8 @@ class GpuClusterSession:
     probed: ClusterFacts | None = None
     """The per-node probe's facts once taken (or read from the controller's ``probe.json``)."""
     not_probed: str | None = None
+    preflight: list[PreflightFinding] | None = None
+    """The preflight's findings on the probed nodes (`session_preflight`); None when not judged."""
     """Why the nodes were not probed (a dry run), for skip reasons and the header."""
     history_line: str = ""
     """What appending this run to ``--gpucluster-history`` did, for the summary."""

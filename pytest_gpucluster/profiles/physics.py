@@ -28,6 +28,7 @@ from pytest_gpucluster.profiles.schema import ProfileModel
 
 __all__ = [
     "MFU_WARNING",
+    "ONE_RANK",
     "Ceiling",
     "Figure",
     "Finding",
@@ -106,12 +107,40 @@ def _check_burnin(out: Collector, model: ProfileModel, peaks: Peaks) -> None:
         )
 
 
+ONE_RANK = (
+    "a collective on one rank measures nothing: an all_reduce moves no bus traffic (busbw factor "
+    "2(n-1)/n = 0) and a broadcast or reduce through torch's in-place API is a no-op timed at launch cost"
+)
+"""Why a collective check whose scope has a single rank is refused here and skipped by the run."""
+
+
+def _check_scope_ranks(out: Collector, model: ProfileModel) -> None:
+    """A collectives check whose scope runs on one rank (one GPU per node inside a node, one node
+    of one rank in full) is a degenerate measurement, whatever its floor: refused."""
+    per_node = model.cluster.effective_ranks_per_node
+    for index, check in enumerate(model.collectives.checks):
+        nodes = {"intra-node": 1, "inter-node": 2, "full": model.cluster.nodes}[check.scope]
+        if nodes * per_node >= 2:
+            continue
+        key = "min_busbw" if check.min_busbw is not None else "max_latency"
+        where = (
+            "cluster.ranks_per_node" if model.cluster.ranks_per_node is not None else "cluster.gpus_per_node"
+        )
+        out.error(
+            ("collectives", "checks", index, key),
+            f"{check.collective} at scope {check.scope} runs on {nodes * per_node} rank ({nodes} node x "
+            f"{per_node} rank per node, {where}): {ONE_RANK}. Remove the check, or set it in a profile "
+            "of nodes with 2 or more GPUs",
+        )
+
+
 def check_profile(model: ProfileModel, devices: tuple[Device, ...] | None = None) -> PhysicsReport:
     """Hold every threshold of a validated profile against the peaks of its hardware."""
     out = Collector()
     peaks = peaks_for(model, devices)
     _check_device(out, model, peaks)
     check_nccl_env(out, model)
+    _check_scope_ranks(out, model)
     for index, check in enumerate(model.collectives.checks):
         check_collective_floor(out, index, check, model, peaks)
     _check_nvlink(out, model, peaks)

@@ -167,7 +167,11 @@ def test_the_end_of_a_run_writes_the_findings_to_results_json_and_the_drain_list
     recorder = Recorder(tmp_path / "results.json", header={"fingerprint": {"hosts": ["node01", "node02"]}})
     recorder.measurements.extend(_gpus(slow=("node01", "3")))
     write_suspects(tmp_path / SUSPECTS_FILE, [Suspect(node="node01", reason="slow GPU 3", check="health")])
-    finish_run(recorder, tmp_path, None, 0.05)
+    finished = finish_run(recorder, tmp_path, None, 0.05)
+    assert finished.summary_args()["finding_lines"] == [
+        "FINDINGS (where: what -> reason class; next action): 1",
+        "  node01, GPU 3: burnin.gpu_matmul: 600 TFLOP/s (expected >= 800 TFLOP/s) -> hardware; reset GPU",
+    ]
     stored = json.loads((tmp_path / "results.json").read_text())["findings"]
     assert [(f["host"], f["gpu"], f["reason"], f["action"]) for f in stored] == [
         ("node01", "3", "hardware", "reset GPU")
