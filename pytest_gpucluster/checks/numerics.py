@@ -232,9 +232,16 @@ def known_answer_checks(values: Iterable[Mapping[str, Any]]) -> list[Check]:
 # ---------------------------------------------------------------------------- throughput
 
 
-def throughput_checks(values: Iterable[Mapping[str, Any]], floors: Mapping[str, Floor]) -> list[Check]:
+def throughput_checks(
+    values: Iterable[Mapping[str, Any]],
+    floors: Mapping[str, Floor],
+    ceilings: Mapping[str, tuple[float, str]] | None = None,
+) -> list[Check]:
     """Per rank and dtype: median FLOP/s of the timed chains, against the dtype's floor if any. A
-    dtype with a floor that the rank did not run is not measured (its skip reason in the hint)."""
+    dtype with a floor that the rank did not run is not measured (its skip reason in the hint); a
+    median above the part's dense peak for the dtype (``ceilings``: dtype -> (FLOP/s, source)) is a
+    broken measurement (a timer that missed the work, a chain that did not run), never a pass."""
+    ceilings = ceilings or {}
     checks = []
     for value in _by_rank(values):
         done_all = value.get("dtypes") or {}
@@ -263,6 +270,10 @@ def throughput_checks(values: Iterable[Mapping[str, Any]], floors: Mapping[str, 
                 f"{_who(value)}, {dtype}: {done['depth']} chained {done['matmul_n']}x{done['matmul_n']} GEMMs, "
                 f"median of {done['runs']} timed chains"
             )
+            ceiling = ceilings.get(dtype)
+            broken = ceiling is not None and float(done["flops"]) > ceiling[0]
+            if broken and ceiling is not None:
+                what += f"; above the dense {dtype} peak {format_value(ceiling[0], 'FLOP/s')} ({ceiling[1]})"
             checks.append(
                 Check(
                     FLOPS,
@@ -274,6 +285,7 @@ def throughput_checks(values: Iterable[Mapping[str, Any]], floors: Mapping[str, 
                     labels=where,
                     spread=spread,
                     hint=what + (f"; floor {floor.why}" if floor else ""),
+                    problem="broken measurement" if broken else None,
                 )
             )
     return checks
