@@ -151,7 +151,8 @@ def test_a_fleet_chart_names_the_planted_gpu_and_no_healthy_one(fleet64):
     memory = [m for m in run.measurements if m.metric in ("burnin.cpu_matmul", "sft.peak_memory")]
     matmul, peak = render_plots(memory)
     assert matmul.title == "burnin.cpu_matmul" and matmul.png.startswith(b"\x89PNG")
-    assert matmul.caption.startswith("512 values, 1 failing (red); outliers: node022/GPU 5 0.0175")
+    slow = f"{planted.slow_node}/GPU {planted.slow_gpu}"
+    assert matmul.caption.startswith(f"512 values, 1 failing (red); outliers: {slow} 0.0175")
     assert "; " not in matmul.caption.split("outliers: ", 1)[1]  # ±2% noise: no healthy GPU named
     # two SFT cases in one chart: each GPU is judged against its own case, so none stands out
     assert peak.caption.startswith("1024 values (lower is better)") and "outliers" not in peak.caption
