@@ -39,11 +39,12 @@ from pytest_gpucluster.probing import (
     gpu_models,
     probe_for_auto,
 )
-from pytest_gpucluster.profiles.detect import MachineInfo, choose_profile, detect_machine
+from pytest_gpucluster.profiles.detect import MachineInfo, choose_profile, detect_machine, shape_to_nodes
 from pytest_gpucluster.profiles.loader import LoadedProfile, load_profile
 from pytest_gpucluster.results.recorder import Recorder
 
 if TYPE_CHECKING:
+    from pytest_gpucluster.cluster.preflight import PreflightFinding
     from pytest_gpucluster.launch.leftover_check import LeftoverReport
     from pytest_gpucluster.results.baseline import RunResults
     from pytest_gpucluster.results.gate import Tolerances
@@ -74,6 +75,8 @@ class GpuClusterSession:
     probed: ClusterFacts | None = None
     """The per-node probe's facts once taken (or read from the controller's ``probe.json``)."""
     not_probed: str | None = None
+    preflight: list[PreflightFinding] | None = None
+    """The preflight's findings on the probed nodes (`session_preflight`); None when not judged."""
     """Why the nodes were not probed (a dry run), for skip reasons and the header."""
     history_line: str = ""
     """What appending this run to ``--gpucluster-history`` did, for the summary."""
@@ -81,6 +84,10 @@ class GpuClusterSession:
     """The run's tier (``-m quick|standard|burnin``, `plans.tiers`) and its durations."""
     verbose: bool = False
     """``-v``: a dry run prints every command with its environment."""
+    history_baseline: str = ""
+    """With ``--baseline history:N``: which stored runs the baseline is the median of."""
+    only_hosts: tuple[str, ...] = ()
+    """While suspects are retested: the nodes the session's cluster is narrowed to (`retest_on`)."""
 
     @classmethod
     def start(cls, config: pytest.Config, settings: Settings) -> GpuClusterSession:
@@ -96,6 +103,10 @@ class GpuClusterSession:
         else:
             name, reason = hw, f"--hw={hw} from {settings.source('hw')}"
         profile = load_profile(name, extra_dirs)
+        if hw == "auto":
+            counts = [n.gpu_count for n in probed.nodes] if probed is not None else [machine.gpu_count]
+            profile, shaped = shape_to_nodes(profile, counts)
+            reason = f"{reason}; {shaped}" if shaped else reason
         recorder = Recorder(path=results_dir / "results.json", persist=not worker)
         session = cls(
             settings=settings,
@@ -214,6 +225,26 @@ class GpuClusterSession:
         source = f"--max-regression, {self.settings.source('max_regression')}"
         return Tolerances(self.settings.max_regression, source, rules)
 
+    def read_baseline(self) -> RunResults:
+        """The ``--baseline`` results file, or with ``history:N`` the median of the last N healthy
+        runs of this profile in the ``--gpucluster-history`` store."""
+        from pytest_gpucluster.options.gate import HistoryRuns
+        from pytest_gpucluster.results.baseline import read_results
+
+        wanted = self.settings.baseline
+        if not isinstance(wanted, HistoryRuns):
+            return read_results(Path(str(wanted)))
+        if self.settings.history is None:
+            raise SettingsError(
+                f"{wanted} takes the baseline from the run history: name the store with "
+                "--gpucluster-history PATH (or GPUCLUSTER_HISTORY)"
+            )
+        from pytest_gpucluster.results.history.baseline import read_history_baseline
+
+        found = read_history_baseline(self.settings.history, wanted.last, self.profile.name)
+        self.history_baseline = found.summary()
+        return found.results
+
     def start_gate(self, baseline: RunResults) -> None:
         """Gate every value this process records against ``baseline`` (`Recorder.check_all`)."""
         from pytest_gpucluster.results.regression import RegressionGate
@@ -240,6 +271,10 @@ class GpuClusterSession:
 
     @property
     def hosts(self) -> list[str]:
+        hosts = self._all_hosts()
+        return [h for h in hosts if h in self.only_hosts] if self.only_hosts else hosts
+
+    def _all_hosts(self) -> list[str]:
         if self.hostfile is not None:
             return list(self.hostfile.hosts)
         if os.environ.get("SLURM_JOB_NODELIST") and self.settings.launcher == "slurm":
@@ -247,6 +282,12 @@ class GpuClusterSession:
 
             return expand_nodelist(os.environ["SLURM_JOB_NODELIST"])
         return [self.machine.hostname]
+
+    def retest_on(self, hosts: tuple[str, ...]) -> None:
+        """Narrow the session's cluster to ``hosts`` (the suspects to retest); () widens it again.
+        Jobs launched from now on run on those nodes only."""
+        self.only_hosts = hosts
+        self.__dict__.pop("cluster", None)
 
     @property
     def available_nodes(self) -> int:
@@ -288,6 +329,8 @@ class GpuClusterSession:
             )
         else:
             spec = ClusterSpec.from_local(self.ranks_per_node, self.backend)
+        if self.only_hosts and not all_local(self._all_hosts()):  # this machine alone: nothing to narrow
+            spec = replace(spec, hosts=tuple(h for h in spec.hosts if h[0] in self.only_hosts))
         nnodes = self.settings.nnodes
         if nnodes and nnodes < spec.nnodes:
             spec = replace(spec, hosts=spec.hosts[:nnodes])

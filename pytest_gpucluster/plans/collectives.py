@@ -243,7 +243,7 @@ def sweep_part(
     env: Mapping[str, str] | None = None,
     *,
     cluster: ClusterSection | None = None,
-    ranks_per_node: int = 1,
+    ranks_per_node: int | None = None,
     settings: Any = None,
     checked_only: bool = False,
 ) -> Part | None:
@@ -251,13 +251,13 @@ def sweep_part(
     when the scope cannot run here (the test skips with ``scope_nodes``' reason). Its deadline:
     `sweep_deadline` (``cluster`` gives the expected bandwidth, ``settings`` an explicit
     ``--job-timeout``; ``checked_only``: the quick tier's sweep, `sweep_requests`)."""
-    nodes, reason = scope_nodes(case.scope, available_nodes)
+    nodes, reason = scope_nodes(case.scope, available_nodes, ranks_per_node)
     if reason is not None:
         return None
     requests = sweep_requests(case, section.sweep, checked_only=checked_only)
     deadline = sweep_deadline(
         case, requests, section, backend,
-        nranks=nodes * ranks_per_node, nodes=nodes, cluster=cluster, settings=settings,
+        nranks=nodes * (ranks_per_node or 1), nodes=nodes, cluster=cluster, settings=settings,
     )  # fmt: skip
     return Part(
         name=f"collectives-{case.id}",

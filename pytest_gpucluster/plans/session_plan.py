@@ -119,11 +119,13 @@ class SessionPlan:
         return [j for j in self.jobs if j.estimate_s is None]
 
     def costliest(self, count: int = 3) -> list[Launch]:
-        """The launches that cost most, by estimate (a launch not estimated, by its deadline)."""
+        """The launches that cost most by estimate, then those not estimated (by deadline)."""
         launches = self.launches()
-        return sorted(launches, key=lambda x: x.estimate_s if x.estimate_s is not None else x.deadline_s)[
-            ::-1
-        ][:count]
+        estimated = sorted(
+            (x for x in launches if x.estimate_s is not None), key=lambda x: -(x.estimate_s or 0)
+        )
+        rest = sorted((x for x in launches if x.estimate_s is None), key=lambda x: -x.deadline_s)
+        return (estimated + rest)[:count]
 
     def tier_totals(self) -> list[tuple[str, float, int]]:
         """Each tier present: its cumulative total (the tiers nest) and its launch count."""
@@ -186,11 +188,11 @@ class SessionPlan:
 def over_budget(plan: SessionPlan, budget_s: float, source: str) -> str:
     """Why a session over its budget does not start: its estimate, the budget, the costliest jobs."""
     costly = "; ".join(
-        f"{' + '.join(p.name for p in launch.parts)} {short_time(launch.estimate_s)}"
+        f"{' + '.join(p.name for p in launch.parts)} "
         + (
-            ""
+            short_time(launch.estimate_s)
             if launch.estimate_s is not None
-            else f" (not estimated; deadline {short_time(launch.deadline_s)})"
+            else f"(not estimated; deadline {short_time(launch.deadline_s)})"
         )
         for launch in plan.costliest()
     )

@@ -103,12 +103,14 @@ def summary_lines(
     comparison_lines: Sequence[str] = (),
     reports: Sequence[Path] = (),
     report_note: str | None = None,
+    finding_lines: Sequence[str] = (),
 ) -> list[str]:
     lines = failure_lines(recorder.outcomes)
     if recorder.measurements:
         lines += table_lines(measurement_rows(recorder.measurements))
     else:
         lines.append("no measurements were recorded")
+    lines += finding_lines
     if recorder.outcomes:
         lines.append("tests: " + outcome_counts(recorder.outcomes))
     if comparison_lines:

@@ -2,16 +2,20 @@
 command line, environment or ini names the store, failed runs included; a store that cannot
 take the run is said in the summary and does not fail the run."""
 
+import socket
+
 import pytest
 
 from pytest_gpucluster.results.history.store import HistoryStore
 
 SOURCE = """
+import socket
+
 def test_fast(results):
-    results.check("demo.busbw", 2e9, 1e9, unit="B/s", labels={"host": "n1", "gpu": "GPU 3"})
+    results.check("demo.busbw", 2e9, 1e9, unit="B/s", labels={"host": socket.gethostname(), "gpu": "GPU 3"})
 
 def test_slow(results):
-    results.check("demo.busbw", 1e9, 2e9, unit="B/s", labels={"host": "n2", "gpu": "GPU 1"})
+    results.check("demo.busbw", 1e9, 2e9, unit="B/s", labels={"host": socket.gethostname(), "gpu": "GPU 1"})
 """
 
 
@@ -42,7 +46,14 @@ def test_each_run_is_appended_from_cli_env_or_ini(run, pytester, tmp_path, monke
         runs = store.runs()
         assert [r.tests_failed for r in runs] == [1, 1, 1]
         failed = store.query("SELECT host, component, metric FROM measurements WHERE verdict = 'fail'")
-    assert failed == [("n2", "GPU 1", "demo.busbw")] * 3
+    host = socket.gethostname()
+    assert failed == [(host, "GPU 1", "demo.busbw")] * 3
+    # the report's node matrix has a history column: the runs before this one
+    report = (tmp_path / "c" / "report.md").read_text().splitlines()
+    header = next(line for line in report if line.startswith("| node "))
+    assert header.rstrip(" |").endswith("history: failed runs of the last 10")
+    row = next(line for line in report if line.startswith(f"| {host} |"))
+    assert row.rstrip(" |").endswith("2 of 2 failed (GPU 1 in 2)")
 
 
 def test_a_store_that_cannot_be_written_is_said_not_failed(run, tmp_path):
@@ -54,3 +65,36 @@ def test_a_store_that_cannot_be_written_is_said_not_failed(run, tmp_path):
         [f"WARNING history: this run was not appended to {db}: *not a readable history store*"
          f"gpucluster history add --db {db} *results.json"]
     )  # fmt: skip
+
+
+GATED = """
+import os
+
+def test_busbw(results):
+    value = float(os.environ.get("DEMO_BUSBW", "2e9"))
+    results.check("demo.busbw", value, 1e9, unit="B/s", labels={"host": "n1"})
+"""
+
+
+def test_baseline_history_n_gates_against_the_stored_runs(run, pytester, tmp_path, monkeypatch):
+    pytester.makepyfile(test_demo=GATED)
+    db = tmp_path / "h.db"
+    for i, value in enumerate(("2.0e9", "2.1e9", "1.9e9")):
+        monkeypatch.setenv("DEMO_BUSBW", value)
+        assert run(f"--gpucluster-history={db}", results=f"r{i}").ret == 0
+    monkeypatch.setenv("DEMO_BUSBW", "1.95e9")  # inside the stored runs' range: no regression
+    healthy = run(f"--gpucluster-history={db}", "--baseline=history:2", results="ok")
+    assert healthy.ret == 0
+    healthy.stdout.fnmatch_lines(
+        ["gpucluster: baseline history:2: median of the last 2 healthy runs per value (runs #2, #3)"]
+    )
+    monkeypatch.setenv("DEMO_BUSBW", "1.2e9")  # above the threshold, far below the history
+    slow = run(f"--gpucluster-history={db}", "--baseline=history:2", results="slow")
+    assert slow.ret == 1
+    slow.stdout.fnmatch_lines(["*REGRESSION demo.busbw*"])
+
+
+def test_baseline_history_needs_the_store(run, monkeypatch):
+    result = run("--baseline=history:5")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--baseline: history:5 takes the baseline from the run history*"])

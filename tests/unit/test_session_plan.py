@@ -46,13 +46,24 @@ def test_a_job_without_an_estimate_is_named_and_left_out_of_the_total():
 
 def test_over_budget_names_the_costliest_launches_first():
     plan = SessionPlan()
+    plan.add(job("nccl-probe", estimate=None, shape="", deadline=9000.0))  # after every estimated one
     plan.add(job("small", estimate=130.0, shape=""))
     plan.add(job("sft", estimate=3000.0, shape=""))
     plan.add(job("dcgm", estimate=1860.0, shape=""))
     said = over_budget(plan, 1800.0, "command line")
     assert said.startswith("the plan's estimated wall time 1 h 23 min exceeds --gpucluster-budget 30.0 min")
     assert "Costliest: sft 50.0 min; dcgm 31.0 min; small 2.2 min." in said
+    plan.jobs = plan.jobs[:2]
+    assert "Costliest: small 2.2 min; nccl-probe (not estimated; deadline 2 h 30 min)." in over_budget(
+        plan, 60, "x"
+    )
 
 
 def test_short_times():
-    assert [short_time(v) for v in (None, 45, 138, 5400, 3600)] == ["-", "45 s", "2.3 min", "1 h 30 min", "1 h"]
+    assert [short_time(v) for v in (None, 45, 138, 5400, 3600)] == [
+        "-",
+        "45 s",
+        "2.3 min",
+        "1 h 30 min",
+        "1 h",
+    ]
