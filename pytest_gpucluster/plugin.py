@@ -17,6 +17,7 @@ from pytest_gpucluster.errors import GpuClusterError, JobFailed, JobSkipped, Lau
 from pytest_gpucluster.options import add_options, resolve_settings
 from pytest_gpucluster.results.model import Measurement, TestOutcome
 from pytest_gpucluster.results.recorder import NotMeasured, ThresholdFailure
+from pytest_gpucluster.results.text import failure_message
 from pytest_gpucluster.session import SESSION_KEY, GpuClusterSession
 
 _MEASUREMENT_PROPERTY = "gpucluster_measurement"
@@ -300,6 +301,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     from pytest_gpucluster.results.report import finish_run
 
+    if _fail_closed(gc) and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     failed = any(o.category != "pass" and o.outcome in ("failed", "error") for o in gc.recorder.outcomes)
     mode = "warn" if gc.settings.regression_gate == "warn" else "fail"
     finished = finish_run(
@@ -308,6 +311,25 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     gc.finished = finished
     if finished.comparison is not None and finished.comparison.fails and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _fail_closed(gc: GpuClusterSession) -> bool:
+    """Every threshold the profile sets was measured, excused by a skip, or not run in this
+    selection (``checks/fail_closed.py``); the rest fail here, as NOT MEASURED. True when any did."""
+    from pytest_gpucluster.checks.fail_closed import FAIL_CLOSED_TEST_ID, coverage
+
+    found = coverage(gc.profile.model, gc.recorder.measurements, gc.recorder.outcomes)
+    gc.recorder.header["thresholds"] = found.to_json()
+    if not found.checks:
+        return False
+    recorded = gc.recorder.record_checks(found.checks, test_id=FAIL_CLOSED_TEST_ID)
+    keys = ", ".join(c.ref.key for c in found.checks if c.ref is not None)
+    message = "\n".join(
+        [f"NotMeasured: {len(recorded)} threshold(s) of the profile had no value: {keys}"]
+        + [f"  {failure_message(m)}" for m in recorded]
+    )
+    gc.recorder.add_outcome(TestOutcome(FAIL_CLOSED_TEST_ID, "failed", "not measured", 0.0, message[:2000]))
+    return True
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -323,7 +345,18 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     terminalreporter.section("gpucluster summary")
     extra = finished.summary_args() if finished else {}
     for line in summary_lines(session.recorder, session.results_dir, **extra):
-        bad = line.startswith(("FAILED", "REGRESSION", "PERFORMANCE", "INFRASTRUCTURE", "OTHER", "FAIL "))
+        bad = line.startswith(
+            (
+                "FAILED",
+                "REGRESSION",
+                "PERFORMANCE",
+                "INFRASTRUCTURE",
+                "OTHER",
+                "FAIL ",
+                "NOT MEASURED",
+                "BROKEN",
+            )
+        )
         terminalreporter.write_line(line, red=bad, yellow=line.startswith("WARNING"))
 
 
