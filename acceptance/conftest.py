@@ -11,7 +11,8 @@ test's suspects to it and records its checks. Two rules for them concern the who
 - The slow burn-in parts, marked ``@pytest.mark.burnin(slow=True)`` (the pairwise localization,
   about n/2 + 2 jobs), run only when ``-m`` names burnin: ``pytest acceptance/ -m burnin``. A plain
   ``pytest acceptance/`` deselects them and says so in the header.
-- Under a CUDA profile every burn-in test needs CUDA on the nodes (``gpucluster(needs=["cuda"])``):
+- Under a CUDA profile every burn-in test, and every test of a module that sets
+  ``NEEDS_CUDA_UNDER_CUDA_PROFILE = True`` (test_numerics.py), needs CUDA on the nodes (``gpucluster(needs=["cuda"])``):
   their jobs take a GPU per rank, and nodes whose torch cannot use one are named in the skip.
 """
 
@@ -44,7 +45,10 @@ def _cuda_profile(config: pytest.Config) -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _cuda_profile(config):
         for item in items:
-            if item.get_closest_marker("burnin") is not None:
+            module = getattr(item, "module", None)
+            if item.get_closest_marker("burnin") is not None or getattr(
+                module, "NEEDS_CUDA_UNDER_CUDA_PROFILE", False
+            ):
                 item.add_marker(pytest.mark.gpucluster(needs=["cuda"]))
     if "burnin" not in (config.getoption("markexpr", "") or ""):
         slow = [item for item in items if _slow_burnin(item)]

@@ -257,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     merge.set_defaults(func=cmd_baseline_merge)
 
+    from pytest_gpucluster.results.history.cli import add_history_command
+
+    add_history_command(sub)
     for register in EXTRA_COMMANDS:
         register(sub)
     return parser

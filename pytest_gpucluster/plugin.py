@@ -91,10 +91,8 @@ def _start_regression_gate(session: GpuClusterSession) -> None:
 
     if session.settings.baseline is None or on_rank_side():
         return
-    from pytest_gpucluster.results.baseline import read_results
-
     try:  # an unreadable baseline fails now, not after an hour of measurements
-        session.start_gate(read_results(session.settings.baseline))
+        session.start_gate(session.read_baseline())
     except GpuClusterError as exc:
         raise pytest.UsageError(f"gpucluster: --baseline: {exc}") from None
 
@@ -311,6 +309,24 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     gc.finished = finished
     if finished.comparison is not None and finished.comparison.fails and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if gc.settings.history is not None:
+        gc.history_line = _append_history(gc)
+
+
+def _append_history(gc: GpuClusterSession) -> str:
+    """Append the finished run to the history store; a store that cannot take it is said, never
+    a failure of the run (its results.json stands, and `gpucluster history add` takes it later)."""
+    from pytest_gpucluster.results.history import record_run
+
+    db = gc.settings.history
+    gc.recorder.flush()
+    try:
+        return record_run(db, gc.recorder.path)
+    except GpuClusterError as exc:
+        return (
+            f"WARNING history: this run was not appended to {db}: {exc}; "
+            f"append it later with: gpucluster history add --db {db} {gc.recorder.path}"
+        )
 
 
 def _fail_closed(gc: GpuClusterSession) -> bool:
@@ -344,7 +360,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     finished = session.finished
     terminalreporter.section("gpucluster summary")
     extra = finished.summary_args() if finished else {}
-    for line in summary_lines(session.recorder, session.results_dir, **extra):
+    lines = summary_lines(session.recorder, session.results_dir, **extra)
+    if session.history_line:
+        lines.append(session.history_line)
+    for line in lines:
         bad = line.startswith(
             (
                 "FAILED",

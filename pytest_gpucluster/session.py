@@ -38,7 +38,7 @@ from pytest_gpucluster.probing import (
     gpu_models,
     probe_for_auto,
 )
-from pytest_gpucluster.profiles.detect import MachineInfo, choose_profile, detect_machine
+from pytest_gpucluster.profiles.detect import MachineInfo, choose_profile, detect_machine, shape_to_nodes
 from pytest_gpucluster.profiles.loader import LoadedProfile, load_profile
 from pytest_gpucluster.results.recorder import Recorder
 
@@ -74,6 +74,10 @@ class GpuClusterSession:
     """The per-node probe's facts once taken (or read from the controller's ``probe.json``)."""
     not_probed: str | None = None
     """Why the nodes were not probed (a dry run), for skip reasons and the header."""
+    history_line: str = ""
+    """What appending this run to ``--gpucluster-history`` did, for the summary."""
+    history_baseline: str = ""
+    """With ``--baseline history:N``: which stored runs the baseline is the median of."""
 
     @classmethod
     def start(cls, config: pytest.Config, settings: Settings) -> GpuClusterSession:
@@ -89,6 +93,10 @@ class GpuClusterSession:
         else:
             name, reason = hw, f"--hw={hw} from {settings.source('hw')}"
         profile = load_profile(name, extra_dirs)
+        if hw == "auto":
+            counts = [n.gpu_count for n in probed.nodes] if probed is not None else [machine.gpu_count]
+            profile, shaped = shape_to_nodes(profile, counts)
+            reason = f"{reason}; {shaped}" if shaped else reason
         recorder = Recorder(path=results_dir / "results.json", persist=not worker)
         session = cls(
             settings=settings,
@@ -200,6 +208,26 @@ class GpuClusterSession:
         )
         source = f"--max-regression, {self.settings.source('max_regression')}"
         return Tolerances(self.settings.max_regression, source, rules)
+
+    def read_baseline(self) -> RunResults:
+        """The ``--baseline`` results file, or with ``history:N`` the median of the last N healthy
+        runs of this profile in the ``--gpucluster-history`` store."""
+        from pytest_gpucluster.options.gate import HistoryRuns
+        from pytest_gpucluster.results.baseline import read_results
+
+        wanted = self.settings.baseline
+        if not isinstance(wanted, HistoryRuns):
+            return read_results(Path(str(wanted)))
+        if self.settings.history is None:
+            raise SettingsError(
+                f"{wanted} takes the baseline from the run history: name the store with "
+                "--gpucluster-history PATH (or GPUCLUSTER_HISTORY)"
+            )
+        from pytest_gpucluster.results.history.baseline import read_history_baseline
+
+        found = read_history_baseline(self.settings.history, wanted.last, self.profile.name)
+        self.history_baseline = found.summary()
+        return found.results
 
     def start_gate(self, baseline: RunResults) -> None:
         """Gate every value this process records against ``baseline`` (`Recorder.check_all`)."""

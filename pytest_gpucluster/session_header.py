@@ -51,6 +51,8 @@ def header_lines(session: GpuClusterSession) -> list[str]:
         f"gpucluster: thresholds {session.profile.path} (sha256 {session.profile.sha256[:12]})",
         f"gpucluster: results -> {session.results_dir}",
     ]
+    if session.history_baseline:
+        lines.append(f"gpucluster: baseline {session.settings.baseline}: {session.history_baseline}")
     for warning in session.profile.warnings:
         lines.append(f"gpucluster: WARNING {warning}")
     if session.leftovers is not None:

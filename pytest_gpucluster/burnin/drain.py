@@ -41,6 +41,7 @@ __all__ = [
     "drain_commands",
     "read_suspects",
     "run_drain",
+    "write_findings",
     "write_suspects",
 ]
 
@@ -54,6 +55,9 @@ _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 range of nodes, so they are refused rather than passed on."""
 
 Kind = Literal["node", "gpu", "link"]
+DRAINING_ACTIONS = ("drain node", "reset GPU", "RMA", "reseat/replace cable or NIC")
+"""The next actions (``results/findings.py``) that take the host out of scheduling first; a finding
+on a link between two nodes names no single host, so neither is drained for it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,15 +207,47 @@ def write_suspects(path: Path, suspects: Iterable[Suspect]) -> list[Suspect]:
             if suspect.key() not in seen:
                 merged.append(suspect)
                 seen.add(suspect.key())
-        payload = {
-            "schema_version": SCHEMA_VERSION,
-            "suspects": [s.to_json() for s in merged],
-            "drain_commands": drain_commands(merged),
-        }
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(payload, indent=1, default=str), encoding="utf-8")
-        os.replace(tmp, path)
+        _write_payload(path, merged, _stored_findings(path))
     return merged
+
+
+def _stored_findings(path: Path) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return []
+    findings = data.get("findings") if isinstance(data, dict) else None
+    return list(findings) if isinstance(findings, list) else []
+
+
+def _write_payload(path: Path, suspects: Sequence[Suspect], findings: Sequence[Mapping[str, Any]]) -> None:
+    commands = drain_commands(suspects)
+    drained = {argv[2] for argv in commands}
+    for finding in findings:
+        host = finding.get("host")
+        if finding.get("action") in DRAINING_ACTIONS and host and f"NodeName={host}" not in drained:
+            with contextlib.suppress(BurninError):  # not a Slurm node name: listed, never drained
+                commands.append(drain_argv(str(host), f"{finding.get('metric')}: {finding.get('action')}"))
+                drained.add(f"NodeName={host}")
+    payload: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "suspects": [s.to_json() for s in suspects],
+        "drain_commands": commands,
+    }
+    if findings:
+        payload["findings"] = [dict(f) for f in findings]
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(payload, indent=1, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_findings(path: Path, findings: Sequence[Mapping[str, Any]]) -> None:
+    """Put a run's findings (``Finding.to_json``: reason class and next action each) in the drain
+    list beside its suspects, and a drain command for each host whose action needs it drained (a
+    GPU to reset or return, a node, a port of the node): the report, results.json and the drain
+    list say the same thing. The findings replace those of an earlier call."""
+    with _locked(path):
+        _write_payload(path, read_suspects(path), findings)
 
 
 @dataclass(frozen=True, slots=True)

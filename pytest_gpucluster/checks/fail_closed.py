@@ -143,6 +143,8 @@ OWNERS: dict[str, _Owners] = {
     "burnin.soak.min_busbw_fraction": _fixed(Owner("test_fabric.py", "test_soak")),
     "burnin.soak.max_cv": _fixed(Owner("test_fabric.py", "test_soak")),
     "fabric.max_error_increase": _fixed(Owner("test_fabric.py", "test_fabric_after")),
+    "numerics.min_flops": _fixed(Owner("test_numerics.py", "test_numerics_throughput")),
+    "numerics.min_peak_fraction": _fixed(Owner("test_numerics.py", "test_numerics_throughput")),
 }
 """Each threshold key of the schema (list indices written ``[]``) and the tests that judge it. A
 schema key named ``min_*``/``max_*`` is either here or in :data:`NOT_THRESHOLDS` (a unit test keeps
@@ -153,6 +155,7 @@ NOT_THRESHOLDS = frozenset(
         "collectives.sweep.min_bytes",  # the sweep's grid
         "collectives.sweep.max_bytes",
         "burnin.straggler_min_excess",  # a parameter of the straggler rule, judged relative to peers
+        "numerics.min_repeats",  # how often each seed runs
     }
 )
 """``min_*``/``max_*`` keys of the schema that are settings, not thresholds."""
@@ -200,6 +203,10 @@ def _walk(model: Any, path: KeyPath) -> Iterable[tuple[KeyPath, Any, str]]:
         elif isinstance(value, (list, tuple)) and value and hasattr(type(value[0]), "model_fields"):
             for index, item in enumerate(value):
                 yield from _walk(item, (*here, index))
+        elif isinstance(value, dict) and _pattern(here) in OWNERS:
+            for key, item in value.items():  # per-dtype floors: each entry its own threshold
+                if item is not None:
+                    yield (*here, str(key)), item, _unit(model, name)
         else:
             yield here, value, _unit(model, name)
 
@@ -208,9 +215,11 @@ def profile_thresholds(model: ProfileModel) -> list[ProfileThreshold]:
     """Every threshold ``model`` sets (a value that is not null), in file order."""
     out: list[ProfileThreshold] = []
     for path, value, unit in _walk(model, ()):
-        owners = OWNERS.get(_pattern(path))
+        owners = OWNERS.get(_pattern(path)) or OWNERS.get(_pattern(path[:-1]))
         if owners is None:
             continue
+        if path[:2] == ("numerics", "min_peak_fraction") and path[2] in model.numerics.min_flops:
+            continue  # min_flops wins for that dtype (plans/numerics.dtype_floors)
         name = str(path[-1])
         comparison = "<=" if name.startswith("max_") else ">="
         out.append(

@@ -6,7 +6,32 @@ Part of the option table that `options` assembles; must not import pytest.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 from pytest_gpucluster.options.spec import Option, user_path
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRuns:
+    """``--baseline history:N``: the baseline is the median of the last N healthy runs of the
+    ``--gpucluster-history`` store (``results/history/baseline.py``)."""
+
+    last: int
+
+    def __str__(self) -> str:
+        return f"history:{self.last}"
+
+
+def _baseline(text: str) -> Path | HistoryRuns:
+    if not text.startswith("history:"):
+        return user_path(text)
+    count = text.removeprefix("history:")
+    if not count.isdigit() or int(count) < 1:
+        raise ValueError(
+            f"expected history:N with N the number of healthy runs to take the median of (history:5), got {text!r}"
+        )
+    return HistoryRuns(int(count))
 
 
 def _gate_mode(text: str) -> str:
@@ -24,10 +49,11 @@ def _percent(text: str) -> float:
 BASELINE = Option(
     "--baseline",
     "baseline",
-    "an earlier results.json to gate regressions against",
+    "an earlier results.json (or a fleet baseline) to gate regressions against, or history:N for "
+    "the median of the last N healthy runs in the --gpucluster-history store",
     None,
-    user_path,
-    "RESULTS_JSON",
+    _baseline,
+    "RESULTS_JSON|history:N",
 )
 MAX_REGRESSION = Option(
     "--max-regression",

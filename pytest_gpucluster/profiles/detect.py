@@ -10,14 +10,18 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pytest_gpucluster.errors import ProfileError
-from pytest_gpucluster.profiles.devices import identify_gpu, normalize_name, same_part
+from pytest_gpucluster.profiles.devices import identify_gpu, load_devices, normalize_name, same_part
 
-__all__ = ["MachineInfo", "choose_profile", "detect_machine"]
+if TYPE_CHECKING:
+    from pytest_gpucluster.profiles.loader import LoadedProfile
+
+__all__ = ["MachineInfo", "choose_profile", "detect_machine", "shape_to_nodes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,9 +153,11 @@ def _part(name: str) -> str:
 def choose_profile(machine: MachineInfo, gpu_models: Iterable[tuple[str, str | None]]) -> tuple[str, str]:
     """Pick a profile for ``--hw=auto``: (name, reason). ``gpu_models`` is (profile, gpu_model) pairs.
 
-    The GPU's name must be the exact part a profile names (``profiles.devices.same_part``): an
-    "NVIDIA GH200 480GB" is not an H200, an "NVIDIA H100 PCIe" not the H100 SXM5 a DGX profile is
-    written for. The reason says which part the GPU is and which profile names it.
+    A GPU that ``devices.yaml`` knows gets its part profile, the profile named by the part's key
+    (``NVIDIA H200`` -> ``h200-sxm``): hardware only, no site's NCCL environment or network, which
+    a site profile (``h200-spectrumx``) adds and is chosen by name. Names are matched whole
+    (``profiles.devices``): an "NVIDIA GH200 480GB" is not an H200. A GPU the table does not know
+    gets the one profile whose ``gpu_model`` names it exactly (a user's profile for a new part).
     """
     if not machine.cuda_available:
         return "cpu-local", f"auto: {machine.why_missing('cuda')}"
@@ -163,6 +169,14 @@ def choose_profile(machine: MachineInfo, gpu_models: Iterable[tuple[str, str | N
             "no profile describes a mixed node. Pass --hw=<name>."
         )
     pairs = sorted(((name, model) for name, model in gpu_models if model), key=lambda x: x[0])
+    part = identify_gpu(device)
+    if part is not None:
+        if any(name == part.key for name, _ in pairs):
+            return part.key, f"auto: GPU {device!r} is {part.key} ({part.part}): its part profile {part.key}"
+        raise ProfileError(
+            f"--hw=auto: GPU {device!r} is {part.key} ({part.part}), but no part profile {part.key}.yaml "
+            f"was found (is --thresholds-dir hiding the shipped thresholds?). Pass --hw=<name>."
+        )
     matches = [(name, model) for name, model in pairs if same_part(model, device)]
     if len(matches) == 1:
         name, model = matches[0]
@@ -172,9 +186,31 @@ def choose_profile(machine: MachineInfo, gpu_models: Iterable[tuple[str, str | N
         raise ProfileError(
             f"--hw=auto: GPU {device!r} ({_part(device)}) matches several profiles ({names}); pass --hw=<name>."
         )
-    known = ", ".join(f"{name} ({model})" for name, model in pairs)
+    parts = ", ".join(sorted(d.key for d in load_devices()))
     raise ProfileError(
-        f"--hw=auto: GPU {device!r} is {_part(device)}; no profile names that part exactly. Profiles and "
-        f"the parts they name: {known}. Pass --hw=<name> or --hw=path/to/profile.yaml (a profile for this "
-        f"GPU sets cluster.gpu_model: {device.removeprefix('NVIDIA ')!r})."
+        f"--hw=auto: GPU {device!r} is {_part(device)}; no part profile describes it (part profiles: "
+        f"{parts}). Add its datasheet figures to devices.yaml and a part profile, or pass "
+        f"--hw=path/to/profile.yaml (a profile for this GPU sets cluster.gpu_model: "
+        f"{device.removeprefix('NVIDIA ')!r})."
     )
+
+
+def shape_to_nodes(profile: LoadedProfile, gpu_counts: Sequence[int]) -> tuple[LoadedProfile, str]:
+    """``--hw=auto``'s part profile shaped to the probed nodes: as many nodes as were probed and
+    the most GPUs any of them lists per node (a node that lost a GPU stays short of that, and the
+    preflight names it), ranks per node following. A 1-GPU node runs the single-GPU tests with the
+    part's floors; collectives whose scope is then one rank skip as not applicable."""
+    counts = [c for c in gpu_counts if c > 0]
+    cluster = profile.model.cluster
+    if not counts or cluster.device != "cuda":
+        return profile, ""
+    gpus, nodes = max(counts), len(gpu_counts)
+    if (gpus, nodes) == (cluster.gpus_per_node, cluster.nodes) and cluster.ranks_per_node is None:
+        return profile, ""
+    shaped = cluster.model_copy(update={"gpus_per_node": gpus, "nodes": nodes, "ranks_per_node": None})
+    model = profile.model.model_copy(update={"cluster": shaped})
+    why = (
+        f"shaped to the probed nodes: {nodes} node(s) x {gpus} GPU(s) "
+        f"(the part profile says {cluster.nodes} x {cluster.gpus_per_node})"
+    )
+    return replace(profile, model=model), why

@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from pytest_gpucluster.errors import ProfileError
 from pytest_gpucluster.profiles.paths import shipped_thresholds_dir
 from pytest_gpucluster.profiles.schema import Bandwidth, FlopRate, Section, Size
+from pytest_gpucluster.profiles.schema_numerics import NumericsDtype
 
 __all__ = [
     "Device",
@@ -54,6 +55,7 @@ class _DeviceEntry(Section):
     nvlink_bandwidth: Bandwidth | None = None
     pcie_bandwidth: Bandwidth
     nvls: bool = False
+    dense_flops: dict[NumericsDtype, FlopRate] = Field(default_factory=dict)
     source: str
 
 
@@ -83,6 +85,16 @@ class Device:
     nvls: bool
     """Sits on an NVSwitch with NVLink SHARP: NCCL can reduce an all_reduce in the switch."""
     source: str
+    dense_flops: tuple[tuple[str, float], ...] = ()
+    """Dense peak per numerics dtype (``fp32`` on the CUDA cores, ``tf32``, ``bf16``, ``fp16``,
+    ``fp8`` on the tensor cores), as ``(dtype, FLOP/s)`` pairs; empty where the table gives none."""
+
+    def dense_peak(self, dtype: str) -> float | None:
+        """The dense peak of ``dtype`` (``bf16`` falls back to ``peak_flops``); None if unknown."""
+        found = dict(self.dense_flops).get(dtype)
+        if found is None and dtype == "bf16":
+            return self.peak_flops
+        return found
 
     @property
     def name(self) -> str:
@@ -132,7 +144,10 @@ def _load(path_text: str) -> tuple[Device, ...]:
             for e in exc.errors()
         )
         raise ProfileError(f"invalid device table {path}: {problems}") from None
-    devices = tuple(Device(**e.model_dump()) for e in parsed.devices)
+    devices = tuple(
+        Device(**{**e.model_dump(), "dense_flops": tuple(sorted(e.dense_flops.items()))})
+        for e in parsed.devices
+    )
     _refuse_shared_names(devices, path)
     return devices
 

@@ -32,6 +32,7 @@ from pytest_gpucluster.profiles.schema_burnin import (  # noqa: F401 - re-export
     FabricSection,
     SoakSettings,
 )
+from pytest_gpucluster.profiles.schema_numerics import NumericsSection
 from pytest_gpucluster.profiles.schema_run import (  # noqa: F401 - re-exported
     LaunchSection,
     RegressionSection,
@@ -290,6 +291,7 @@ class ProfileModel(Section):
     regression: RegressionSection = Field(default_factory=RegressionSection)
     launch: LaunchSection = Field(default_factory=LaunchSection)
     fabric: FabricSection = Field(default_factory=FabricSection)
+    numerics: NumericsSection = Field(default_factory=NumericsSection)
     versions: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")

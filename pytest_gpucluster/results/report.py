@@ -7,9 +7,7 @@ report.md, which links them. No pytest import; matplotlib only through plots.py.
 
 from __future__ import annotations
 
-import base64
 import csv
-import html
 import io
 import os
 import time
@@ -17,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_gpucluster.burnin.drain import DRAINING_ACTIONS, SUSPECTS_FILE, write_findings
 from pytest_gpucluster.results.baseline import BaselineComparison, GateMode, RunResults, compare_runs
 from pytest_gpucluster.results.comparison_text import (
     COMPARISON_HEADER,
@@ -26,15 +25,15 @@ from pytest_gpucluster.results.comparison_text import (
     comparison_row,
     regression_sentence,
 )
+from pytest_gpucluster.results.findings import Finding, findings_of
 from pytest_gpucluster.results.gate import Tolerances
+from pytest_gpucluster.results.matrix import node_matrix
 from pytest_gpucluster.results.model import TestOutcome
 from pytest_gpucluster.results.plots import Plot, render_plots, unavailable
 from pytest_gpucluster.results.recorder import Recorder
-from pytest_gpucluster.results.summary import (
-    FAILURE_HEADINGS,
-    measurement_rows,
-    outcome_counts,
-)
+from pytest_gpucluster.results.render import Block, markdown, page
+from pytest_gpucluster.results.signoff import action_column, skip_groups, verdict_of
+from pytest_gpucluster.results.summary import FAILURE_HEADINGS, measurement_rows
 
 __all__ = ["BASELINE_TEST_ID", "CSV_COLUMNS", "Finished", "ReportFiles", "finish_run", "write_reports"]
 
@@ -79,19 +78,6 @@ class ReportFiles:
         return (self.html, self.markdown, self.csv)
 
 
-def _verdict(run: RunResults, comparison: BaselineComparison | None) -> str:
-    categories = [o.category for o in run.outcomes]
-    bad = [c for c in ("infrastructure", "performance", "failure") if c in categories]
-    failed_values = sum(m.verdict == "fail" for m in run.measurements)
-    if comparison is not None and comparison.fails and "performance" not in bad:
-        bad.append("performance")
-    if bad or failed_values:
-        return "NOT FIT: " + (outcome_counts(run.outcomes) or f"{failed_values} value(s) below threshold")
-    if not run.outcomes and not run.measurements:
-        return "NO RESULTS: nothing was measured"
-    return "FIT: " + (outcome_counts(run.outcomes) or "every measured value passed")
-
-
 def _environment(run: RunResults) -> list[tuple[str, str]]:
     fp = run.fingerprint
     versions = fp.get("versions") or {}
@@ -110,21 +96,53 @@ def _environment(run: RunResults) -> list[tuple[str, str]]:
     return rows
 
 
-Block = tuple[Any, ...]
-"""("h2", text) | ("p", text) | ("table", header, rows, css_class_column) | ("pre", lines) | ("plot", Plot)."""
+MEASUREMENT_ROWS = 300
+"""Rows of the measurement table in the report (failures first); every value is in summary.csv."""
+FINDING_ROWS = 500
+
+
+def _logs_href(run: RunResults, out_dir: Path) -> str | None:
+    jobs = Path(run.source).parent / "jobs"
+    if not jobs.is_dir():
+        return None
+    return os.path.relpath(jobs, out_dir) + "/"
 
 
 def _blocks(
-    run: RunResults, comparison: BaselineComparison | None, plots: list[Plot], note: str | None
+    run: RunResults,
+    comparison: BaselineComparison | None,
+    plots: list[Plot],
+    note: str | None,
+    out_dir: Path,
 ) -> list[Block]:
-    """The report's content once; Markdown and HTML only render it. Order: what a reader decides
-    on first (verdict, failures, regressions), then the plots, then every number and the setup."""
-    blocks: list[Block] = [("p", f"Results: {run.source}")]
+    """The report's content once; Markdown and HTML only render it (``render.py``). Order: the
+    sign-off (verdict, node x area matrix with the next action per node, findings, skips), then
+    the raw failures and the baseline comparison, the charts, every number, the setup."""
+    hosts = [str(h) for h in run.fingerprint.get("hosts") or ()]
+    findings = findings_of(run.measurements, run.outcomes, hosts)
+    matrix = node_matrix(run.measurements, run.outcomes, findings, hosts)
+    matrix.add_column(action_column(findings, [r.name for r in matrix.nodes]))
+    verdict = verdict_of(run.outcomes, findings, matrix, len(run.measurements))
+    blocks: list[Block] = [("verdict", verdict), ("matrix", matrix)]
+    if findings:
+        blocks += [
+            ("h2", f"Findings: {len(findings)} (reason class and next action for each)"),
+            ("findings", findings, _logs_href(run, out_dir), FINDING_ROWS),
+        ]
+    skips = skip_groups(run.outcomes)
+    if skips:
+        skipped = sum(len(g.tests) for g in skips)
+        blocks += [("h2", f"Skipped: {skipped} test(s), {len(skips)} reason(s)"), ("skips", skips)]
+    raw: list[Block] = []
     for category, heading in FAILURE_HEADINGS:
         failed = [o for o in run.outcomes if o.category == category]
         if failed:
-            rows = [(o.test_id, (o.message.splitlines() or [o.outcome])[0]) for o in failed]
-            blocks += [("h2", f"{heading}: {len(failed)}"), ("table", ("test", "message"), rows, None)]
+            rows = [(o.test_id, o.message or o.outcome) for o in failed]
+            raw += [("p", f"{heading}: {len(failed)}"), ("table", ("test", "message"), rows, None)]
+    if raw:
+        failed_tests = sum(o.outcome in ("failed", "error") for o in run.outcomes)
+        blocks.append(("details", f"Failed tests, raw messages ({failed_tests})", raw))
+    blocks.append(("p", f"Results: {run.source}"))
     if comparison is not None:
         blocks += [("h2", "Comparison with the baseline"), ("pre", comparison_head(comparison))]
         shown = [c for c in comparison.changes if c.status not in ("ok", "info")]
@@ -151,91 +169,14 @@ def _blocks(
     blocks.append(("h2", "Measurements"))
     if run.measurements:
         header = ("verdict", "metric", "measured", "threshold")
-        blocks += [
-            ("table", header, measurement_rows(run.measurements), 0),
-            ("p", "Every value, one row each, is in summary.csv."),
-        ]
+        rows = measurement_rows(run.measurements)
+        blocks.append(("table", header, rows[:MEASUREMENT_ROWS], 0))
+        more = f"{len(rows) - MEASUREMENT_ROWS} more rows, and " if len(rows) > MEASUREMENT_ROWS else ""
+        blocks.append(("p", f"{more}every value, one row each, in summary.csv."))
     else:
         blocks.append(("p", "No measurements were recorded."))
     blocks += [("h2", "Environment"), ("table", ("", ""), _environment(run), None)]
     return blocks
-
-
-def _markdown(verdict: str, blocks: list[Block]) -> str:
-    def cell(text: str) -> str:
-        return str(text).replace("|", "\\|").replace("\n", " ")
-
-    out = ["# GPU cluster acceptance report", "", f"**{verdict}**", ""]
-    for kind, *rest in blocks:
-        if kind == "h2":
-            out += [f"## {rest[0]}", ""]
-        elif kind == "p":
-            out += [rest[0], ""]
-        elif kind == "pre":
-            out += ["```", *rest[0], "```", ""]
-        elif kind == "table":
-            header, rows, _ = rest
-            out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-            out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows] + [""]
-        elif kind == "plot":
-            plot = rest[0]
-            out += [
-                f"### {plot.title}",
-                "",
-                f"![{plot.title}](plots/{plot.filename})",
-                "",
-                f"_{plot.caption}_",
-                "",
-            ]
-    return "\n".join(out)
-
-
-_CSS = """
-body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}
-table{border-collapse:collapse;margin:1em 0;font-size:13px}
-td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}th{background:#f0f0f0}
-.FAIL,.REGRESSION,.no.value{background:#fdd}.PASS,.improved{background:#efe}
-.verdict{font-size:1.3em;font-weight:bold}.bad{color:#b00}.good{color:#070}
-pre{background:#f6f6f6;padding:.6em 1em;overflow-x:auto}figure{margin:1.5em 0}
-figcaption{font-size:12px;color:#555}img{max-width:100%;border:1px solid #ddd}
-"""
-
-
-def _html(verdict: str, blocks: list[Block]) -> str:
-    e = html.escape
-    good = verdict.startswith("FIT")
-    parts = [
-        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>GPU cluster acceptance report</title>",
-        f"<style>{_CSS}</style></head><body><h1>GPU cluster acceptance report</h1>",
-        f"<p class='verdict {'good' if good else 'bad'}'>{e(verdict)}</p>",
-    ]
-    for kind, *rest in blocks:
-        if kind == "h2":
-            bad = rest[0].startswith(tuple(h for _, h in FAILURE_HEADINGS))
-            parts.append(f"<h2{' class=bad' if bad else ''}>{e(rest[0])}</h2>")
-        elif kind == "p":
-            parts.append(f"<p>{e(rest[0])}</p>")
-        elif kind == "pre":
-            parts.append(f"<pre>{e(chr(10).join(rest[0]))}</pre>")
-        elif kind == "table":
-            header, rows, class_col = rest
-            head = "".join(f"<th>{e(h)}</th>" for h in header) if any(header) else ""
-            body = [
-                (f"<tr class='{e(row[class_col])}'>" if class_col is not None else "<tr>")
-                + "".join(f"<td>{e(str(c))}</td>" for c in row)
-                + "</tr>"
-                for row in rows
-            ]
-            parts.append(f"<table>{f'<tr>{head}</tr>' if head else ''}{''.join(body)}</table>")
-        elif kind == "plot":
-            plot = rest[0]
-            data = base64.b64encode(plot.png).decode("ascii")
-            parts.append(
-                f"<figure><img alt='{e(plot.title)}' src=\"data:image/png;base64,{data}\">"
-                f"<figcaption>{e(plot.title)}: {e(plot.caption)}</figcaption></figure>"
-            )
-    parts.append("</body></html>")
-    return "\n".join(parts)
 
 
 def _csv(run: RunResults, comparison: BaselineComparison | None) -> str:
@@ -304,10 +245,9 @@ def write_reports(
         plots=tuple(plot_paths),
         note=note,
     )
-    verdict = _verdict(run, comparison)
-    blocks = _blocks(run, comparison, plots, note)
-    _write_atomic(files.markdown, _markdown(verdict, blocks))
-    _write_atomic(files.html, _html(verdict, blocks))
+    blocks = _blocks(run, comparison, plots, note, out_dir)
+    _write_atomic(files.markdown, markdown(blocks))
+    _write_atomic(files.html, page(blocks))
     _write_atomic(files.csv, _csv(run, comparison))
     return files
 
@@ -363,12 +303,25 @@ def finish_run(
                     message=_unreported(comparison),
                 )
             )
+    record_findings(recorder, out_dir)
     recorder.flush()
     try:
         run = RunResults.from_json(recorder.to_json(), str(recorder.path))
         return Finished(comparison, write_reports(run, out_dir, comparison))
     except Exception as exc:  # a plotting bug or a full disk must not hide the test results
         return Finished(comparison, None, f"could not be written to {out_dir}: {type(exc).__name__}: {exc}")
+
+
+def record_findings(recorder: Recorder, out_dir: Path) -> list[Finding]:
+    """The run's findings into results.json (``findings``) and into the drain list (suspects.json,
+    where burn-in wrote one or a finding needs a host drained)."""
+    hosts = [str(h) for h in (recorder.header.get("fingerprint") or {}).get("hosts") or ()]
+    findings = findings_of(recorder.measurements, recorder.outcomes, hosts)
+    recorder.header["findings"] = [f.to_json() for f in findings]
+    drain_list = out_dir / SUSPECTS_FILE
+    if drain_list.exists() or any(f.action in DRAINING_ACTIONS and f.host for f in findings):
+        write_findings(drain_list, recorder.header["findings"])
+    return findings
 
 
 def _unreported(comparison: BaselineComparison) -> str:

@@ -35,8 +35,14 @@ def fail_on_rank(ctx: RankContext) -> dict[str, Any]:
     return {"rank": ctx.rank}
 
 
+HANGS_NOW = "hangs now"
+
+
 def hang_on_rank(ctx: RankContext) -> dict[str, Any]:
+    """Rank ``rank`` hangs in this function; it says so first (``HANGS_NOW``, in its log), so a
+    test can wait for the hang itself rather than for a rank merely running."""
     if ctx.rank == int(ctx.options.get("rank", 1)):
+        ctx.progress(f"hang_on_rank: rank {ctx.rank} {HANGS_NOW}")
         while True:
             time.sleep(1)
     return {"rank": ctx.rank}
@@ -70,6 +76,7 @@ def hang_leaving_a_helper(ctx: RankContext) -> dict[str, Any]:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
+        ctx.progress(f"hang_leaving_a_helper: rank {ctx.rank} {HANGS_NOW}")
         while True:
             time.sleep(1)
     return {"rank": ctx.rank}

@@ -21,7 +21,18 @@ from pathlib import Path
 import pytest
 from proc_table import job_pids
 
+from pytest_gpucluster.workloads._runtime import JOB_FILE
+from pytest_gpucluster.workloads.basic import HANGS_NOW
+
 _DROP_ENV = ("PYTEST_XDIST", "PYTEST_ADDOPTS", "_GPUCLUSTER", "GPUCLUSTER_")
+
+
+def _job_workload(job: Path) -> str:
+    """The workload a job directory's job file names ("" while the file is not written yet)."""
+    try:
+        return str(json.loads((job / JOB_FILE).read_text())["workload"])
+    except (OSError, ValueError, KeyError):
+        return ""
 
 
 def _kill_all(pids: list[int]) -> None:
@@ -49,21 +60,28 @@ class ControllerRun:
         jobs = self.results / "jobs"
         return sorted(p for p in jobs.iterdir() if p.is_dir()) if jobs.is_dir() else []
 
-    def wait_for_hung_rank(self, rank: int = 1, seconds: float = 120.0) -> Path:
-        """The job directory once ``rank`` runs and every other rank has finished: the job hangs."""
+    def wait_for_hung_rank(
+        self, rank: int = 1, workload: str = "hang_on_rank", seconds: float = 120.0
+    ) -> Path:
+        """The directory of the job running ``workload`` once its ``rank`` says it hangs there.
+
+        Other jobs of the session (the node probe runs first, one rank per node) have ranks that
+        run too, and a rank that runs may still be starting: the rank's own line in its log is the
+        state the caller needs (its stack dump will show ``workload``)."""
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             assert self.proc.poll() is None, f"pytest ended early:\n{self.output()}"
             for job in self.job_dirs():
-                states = {}
-                for path in job.glob("rank-*.json"):
-                    with contextlib.suppress(OSError, ValueError):
-                        states[int(path.stem.split("-")[1])] = json.loads(path.read_text())["status"]
-                others = [s for r, s in states.items() if r != rank]
-                if states.get(rank) == "running" and others and all(s == "ok" for s in others):
-                    return job
+                if _job_workload(job).rpartition(":")[2] != workload:
+                    continue
+                with contextlib.suppress(OSError):
+                    said = (job / f"rank-{rank}.log").read_text(errors="replace")
+                    if f"{workload}: rank {rank} {HANGS_NOW}" in said:
+                        return job
             time.sleep(0.2)
-        raise AssertionError(f"no job with a hung rank {rank} after {seconds:g} s:\n{self.output()}")
+        raise AssertionError(
+            f"no job of {workload} with a hung rank {rank} after {seconds:g} s:\n{self.output()}"
+        )
 
     def wait(self, seconds: float) -> int | None:
         try:

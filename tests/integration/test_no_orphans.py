@@ -101,7 +101,7 @@ def test_sigterm_of_pytest_stops_the_job_and_keeps_the_results(spawn_pytest, tmp
 
 def test_a_leftover_of_a_killed_session_is_reported_then_reaped(spawn_pytest, tmp_path):
     crashed = spawn_pytest(LEAVE_A_HELPER, "--hw=cpu-local", name="crashed")
-    job = crashed.wait_for_hung_rank()
+    job = crashed.wait_for_hung_rank(workload="hang_leaving_a_helper")
     guards = [pid for pid in job_pids(job.name) if b"pytest_gpucluster.launch.guard" in _cmdline(pid)]
     assert len(guards) == 1, [_cmdline(pid) for pid in job_pids(job.name)]
     # As hard as an OOM killer or a cgroup kill: the guard dies with its pytest.

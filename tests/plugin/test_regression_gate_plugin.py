@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from recorded_warnings import warnings_of
 
 PROFILE = """\
 name: gated
@@ -115,7 +116,10 @@ def test_warn_mode_reports_and_passes(gate, tmp_path):
     gate("first", 100.0)
     baseline = f"--baseline={tmp_path / 'first' / 'results.json'}"
     warned, data = gate("warned", 50.0, 50.0, baseline, "--regression-gate=warn")
-    warned.assert_outcomes(passed=3, warnings=2)
+    warned.assert_outcomes(passed=3)
+    regressions = warnings_of(warned)
+    assert [w.split(":")[0] for w in regressions] == ["REGRESSION demo.busbw (size_bytes=1)",
+                                                       "REGRESSION demo.busbw (size_bytes=2)"], regressions  # fmt: skip
     warned.stdout.fnmatch_lines(["*WARNING: 2 regression(s), not failing (--regression-gate warn)*"])
     assert data["regression"]["mode"] == "warn"
 

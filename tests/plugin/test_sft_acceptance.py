@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from node_fakes import use_machine
+from recorded_warnings import warnings_of
 
 from pytest_gpucluster.checks.sft import launched_checks, log_checks
 from pytest_gpucluster.errors import ParseError, ProfileError
@@ -233,7 +234,8 @@ def test_seed_000_h800_log_passes_the_h800_case_and_says_what_it_left_unchecked(
     result = run(
         "test_sft.py", "--hw=h800-ib", f"--train-log={LOGS / 'seed000_h800_llama13b_8gpu.log'}", "-v"
     )
-    result.assert_outcomes(passed=1, warnings=1)
+    result.assert_outcomes(passed=1)
+    assert len(warnings_of(result)) == 1, warnings_of(result)
     result.stdout.fnmatch_lines(
         [
             "*test_sft.py::test_sft[[]log-seed000_h800_llama13b_8gpu.log[]] PASSED*",
@@ -306,7 +308,8 @@ def test_case_prefix_picks_the_case_and_a_log_that_answers_none_of_it_fails(run,
         f"--train-log={tmp_path}/missing-*.log",
         "--tb=line",
     )
-    result.assert_outcomes(failed=3, warnings=1)
+    result.assert_outcomes(failed=3)
+    assert len(warnings_of(result)) == 1, warnings_of(result)
     result.stdout.fnmatch_lines_random(
         [
             f"*--train-log {log}: the log answers none of sft case llama2-70b-32gpu's thresholds "

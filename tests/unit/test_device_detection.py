@@ -30,35 +30,40 @@ def test_a_driver_name_is_exactly_one_part(name, part, _):
 
 
 @pytest.mark.parametrize(("name", "_", "profile"), ROWS, ids=[r[0] for r in ROWS])
-def test_hw_auto_picks_the_profile_of_that_part_or_none(name, _, profile):
+def test_hw_auto_picks_the_part_profile_of_that_part_or_none(name, _, profile):
     if profile == "none":
-        with pytest.raises(ProfileError, match="no profile names that part exactly") as exc:
+        with pytest.raises(ProfileError, match="no part profile describes it") as exc:
             choose_profile(machine(name, name), shipped_models())
         assert repr(name) in str(exc.value)
         return
     chosen, reason = choose_profile(machine(name, name), shipped_models())
     assert chosen == profile
     part = identify_gpu(name)
-    assert f"is {part.key} ({part.part}), the part {profile} names" in reason
+    assert f"is {part.key} ({part.part}): its part profile {profile}" in reason
 
 
-def test_gh200_and_h100_pcie_say_which_part_they_are():
-    with pytest.raises(ProfileError, match=r"'NVIDIA GH200 480GB' is gh200 \(GH200 Grace Hopper"):
-        choose_profile(machine("NVIDIA GH200 480GB"), shipped_models())
-    with pytest.raises(ProfileError, match=r"'NVIDIA H100 PCIe' is h100-pcie \(H100 PCIe\)") as exc:
-        choose_profile(machine("NVIDIA H100 PCIe"), shipped_models())
-    assert "dgx-h100-ib (H100 80GB HBM3)" in str(exc.value)  # the profiles and the parts they name
-    assert "cluster.gpu_model: 'H100 PCIe'" in str(exc.value)  # how to write one for this GPU
+def test_every_device_has_a_part_profile_and_auto_never_picks_a_site_profile():
+    parts = {d.key for d in load_devices()}
+    assert parts <= set(known_profiles())
+    for name in ("h200-spectrumx", "dgx-h100-ib", "h800-ib", "a800-ib", "aws-g6e-efa"):
+        assert load_profile(name).model.extends in parts, name  # a site profile extends a part
 
 
-def test_a_profile_naming_only_a_family_is_never_auto_selected():
-    with pytest.raises(ProfileError, match="no profile names that part exactly"):
-        choose_profile(machine("NVIDIA H100 80GB HBM3"), [("mine", "H100")])
+def test_gh200_and_h100_pcie_get_their_own_part_not_the_sxm_one():
+    assert choose_profile(machine("NVIDIA GH200 480GB"), shipped_models())[0] == "gh200"
+    assert choose_profile(machine("NVIDIA H100 PCIe"), shipped_models())[0] == "h100-pcie"
+
+
+def test_a_missing_part_profile_is_named():
+    with pytest.raises(
+        ProfileError, match=r"'NVIDIA H200' is h200-sxm \(H200 SXM\), but no part profile h200-sxm.yaml"
+    ):
+        choose_profile(machine("NVIDIA H200"), [("h200-spectrumx", "H200")])
 
 
 def test_a_gpu_the_table_does_not_know_matches_a_profile_naming_it_exactly():
-    chosen, reason = choose_profile(machine("NVIDIA B200"), [("b200", "B200"), ("h", "H100 80GB HBM3")])
-    assert chosen == "b200" and "a part devices.yaml does not list" in reason
+    chosen, reason = choose_profile(machine("NVIDIA L20"), [("l20", "L20"), ("h", "H100 80GB HBM3")])
+    assert chosen == "l20" and "a part devices.yaml does not list" in reason
 
 
 def test_mixed_parts_on_one_node_are_refused():

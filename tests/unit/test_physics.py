@@ -138,7 +138,7 @@ def test_collnet_allows_in_network_reduction_across_nodes():
 
 
 def test_unknown_links_are_skipped_with_a_reason_not_guessed():
-    model = _model(gpu_model="B200", nodes=2)  # not in devices.yaml; no NIC figures
+    model = _model(gpu_model="L20", nodes=2)  # not in devices.yaml; no NIC figures
     assert "no per-GPU link bandwidth" in busbw_ceiling("all_reduce", "intra-node", model, peaks_for(model))
     assert "no network figures" in busbw_ceiling("all_reduce", "inter-node", model, peaks_for(model))
 
@@ -194,7 +194,7 @@ def test_memory_ceiling_above_the_device_is_an_error(tmp_path):
     with pytest.raises(ProfileError) as exc:
         load_profile(str(path))
     assert (
-        "max_peak_memory 90 GiB (96.64 GB) is above the device memory 80 GiB (85.9 GB) (devices.yaml h800-sxm)"
+        "max_peak_memory 90 GiB (96.64 GB) is above the device memory 80 GiB (85.9 GB) (cluster.gpu_memory)"
         in str(exc.value)
     )
 
@@ -242,7 +242,7 @@ def test_gpu_util_above_100_percent_is_an_error(tmp_path):
     ],
 )
 def test_burnin_floors_against_the_device(tmp_path, burnin, error):
-    path = _copy(tmp_path, "dgx-h100-ib", "\nnvlink:\n", f"\nburnin: {burnin}\n\nnvlink:\n")
+    path = _copy(tmp_path, "dgx-h100-ib", "\nnccl:\n", f"\nburnin: {burnin}\n\nnccl:\n")
     if error is None:
         assert load_profile(str(path)).warnings == ()
         return
@@ -298,6 +298,9 @@ def test_device_table_matches_the_reference_figures():
         "h100-nvl": (835, 94, 600),
         "h200-nvl": (835, 141, 900),
         "gh200": (989, 96, 900),
+        # Blackwell (GB200 NVL72 technical specifications; REFERENCE-FIGURES has their NVLink per link)
+        "b200": (2250, 180, 1800),
+        "gb200": (2500, 186, 1800),
     }
     devices = {d.key: d for d in load_devices()}
     assert set(devices) == set(expected)
@@ -322,7 +325,9 @@ def test_device_table_matches_the_reference_figures():
         ("A100", "a100-sxm-80gb"),
         ("NVIDIA A800-SXM4-80GB", "a800-sxm-80gb"),
         ("L40S", "l40s"),
-        ("B200", None),
+        ("B200", "b200"),
+        ("NVIDIA GB200", "gb200"),
+        ("L20", None),
         (None, None),
     ],
 )

@@ -1,0 +1,393 @@
+"""Failures as findings: what failed, where, by how much, why, and what to do next.
+
+A `Finding` is one failure of a run as an operator acts on it: the metric, the host, the GPU or
+port it names, the measured value against its threshold and the profile key that threshold comes
+from, a **reason class** and the **next action** from one ladder. `findings_of` builds them from a
+run's measurements and test outcomes (pure: the same run always gives the same findings, so
+``gpucluster report`` rebuilds them from any results.json, old ones included).
+
+Reason classes (`REASONS`):
+
+- ``hardware`` — a named host, GPU or port misses while its peers (the same metric, scope and
+  point on the other hosts/GPUs/ports) pass, or a health metric that only hardware fails (ECC,
+  XID, remapped rows, link state, port errors, PCIe width...) failed.
+- ``threshold`` — the value missed its threshold alike across the fleet (more than half of its
+  peers missed too), or no peer can tell: a cluster-wide value (an inter-node sweep, scaling,
+  SFT). Either the profile's number does not fit this hardware/site or the whole fabric is slow;
+  the profile key in ``source`` is what to review.
+- ``workload failed`` — a test failed with no value below its threshold: the job could not run, a
+  rank crashed or hung, a wrong result.
+- ``not measured`` — the profile sets a threshold the run has no value for, or the value is a
+  broken measurement (above the physical ceiling of its path): a set-up gap, never a pass.
+
+The action ladder (`LADDER`), cheapest first; a finding gets the lowest rung that its evidence
+supports, and an operator climbs one rung when the same finding comes back after the action:
+
+1. ``rerun`` — the run (or the named test) once more: every threshold, workload and not-measured
+   finding, after fixing what its message names (set-up, profile key).
+2. ``drain node`` — take the host out of scheduling (``scontrol update ... State=DRAIN``): a host
+   that misses while its peers pass and no GPU or port is named.
+3. ``reset GPU`` — ``nvidia-smi -r`` on the drained node: a GPU that misses while its peers pass,
+   or a GPU health counter (uncorrected ECC, XID under load, clocks, throttling).
+4. ``reseat/replace cable or NIC`` — a port or a link (a pair of nodes) that is down, slow or
+   counting errors.
+5. ``RMA`` — return the part: a GPU whose memory can no longer be repaired (row-remap failure,
+   retired pages), or any hardware finding that persists after the rungs above.
+
+Pure data; no pytest, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pytest_gpucluster.results.model import Measurement, TestOutcome
+from pytest_gpucluster.results.text import failure_message, format_value
+
+__all__ = [
+    "ACTIONS",
+    "LADDER",
+    "REASONS",
+    "Action",
+    "Finding",
+    "ReasonClass",
+    "findings_of",
+    "host_of",
+    "problem_of",
+]
+
+ReasonClass = Literal["hardware", "threshold", "workload failed", "not measured"]
+Action = Literal["rerun", "drain node", "reset GPU", "reseat/replace cable or NIC", "RMA"]
+REASONS: tuple[ReasonClass, ...] = ("hardware", "threshold", "workload failed", "not measured")
+LADDER: tuple[Action, ...] = ("rerun", "drain node", "reset GPU", "reseat/replace cable or NIC", "RMA")
+ACTIONS: Mapping[Action, str] = {
+    "rerun": "run it again after fixing what the message names; climb the ladder if it comes back",
+    "drain node": "drain the host (scontrol update NodeName=<host> State=DRAIN) and look at it",
+    "reset GPU": "drain the host, reset the GPU (nvidia-smi -r -i <gpu>) and rerun its burn-in",
+    "reseat/replace cable or NIC": "reseat or replace the cable, transceiver or NIC of the port/link",
+    "RMA": "return the part to the vendor (it cannot be repaired in place)",
+}
+"""What each rung means to an operator (the report prints it beside the findings)."""
+
+HOST_LABELS = ("host", "node")
+GPU_LABELS = ("gpu",)
+WHO_LABELS = ("host", "node", "gpu", "rank", "device", "port", "pair", "peer")
+"""Labels that say who a value belongs to; the rest say which point it is (size, case...)."""
+HARDWARE_METRICS = (
+    "burnin.ecc_",
+    "burnin.xid",
+    "burnin.remapped_rows",
+    "burnin.retired_pages",
+    "burnin.row_remap_failure",
+    "burnin.dcgm",
+    "burnin.pcie_",
+    "burnin.throttle",
+    "burnin.gpu_clock_violation",
+    "burnin.gpu_temperature",
+    "burnin.counter_increases",
+    "fabric.",
+    "nvlink.links_up",
+    "nvlink.link_speed",
+    "inventory.gpus_per_node",
+    "inventory.gpus_matching_model",
+)
+"""Metrics only hardware fails: their failure is a hardware finding even with no peer to compare."""
+RMA_METRICS = ("burnin.row_remap_failure", "burnin.retired_pages")
+PORT_METRICS = ("fabric.", "burnin.pair_", "burnin.soak.")
+"""Metrics whose ``device``/``port``/``pair`` labels name a NIC port, an interface or a link between
+two nodes (elsewhere a "pair" may be two transports, a device a GPU)."""
+_NOT_MEASURED = ("not measured", "broken measurement")
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One failure as an operator acts on it (module docstring: reason classes and the ladder)."""
+
+    metric: str
+    """The metric, or the test id for a workload that failed without a value."""
+    reason: ReasonClass
+    action: Action
+    why: str
+    """Why this class and action, in one sentence (peers that passed, a health counter...)."""
+    host: str | None = None
+    gpu: str | None = None
+    port: str | None = None
+    """A NIC port (``mlx5_0 port 1``), an interface, or a link (``node-a <-> node-b``)."""
+    measured: float | None = None
+    threshold: float | None = None
+    comparison: str = ""
+    unit: str = ""
+    source: str = ""
+    """Where the threshold comes from: ``profile h200: collectives.checks[0].min_busbw``, or the
+    rule of the check when the profile has no key for it."""
+    scope: str | None = None
+    labels: Mapping[str, Any] = field(default_factory=dict)
+    test_id: str = ""
+    message: str = ""
+    """The raw failure text (the check's failure sentence or the test's message)."""
+    problem: str | None = None
+    """``not measured`` / ``broken measurement`` when the check said so."""
+
+    def where(self) -> str:
+        parts = [p for p in (self.host, self.gpu and f"GPU {self.gpu}", self.port) if p]
+        return ", ".join(parts) or "cluster"
+
+    def value_text(self) -> str:
+        if self.measured is None:
+            return "n/a"
+        return format_value(self.measured, self.unit)
+
+    def threshold_text(self) -> str:
+        if self.threshold is None:
+            return "-"
+        return f"{self.comparison} {format_value(self.threshold, self.unit)}"
+
+    def line(self) -> str:
+        """One line for a terminal or a drain reason: where, what, measured vs threshold, action."""
+        what = self.metric + (f" [{self.scope}]" if self.scope else "")
+        values = (
+            f": {self.value_text()} (expected {self.threshold_text()})" if self.threshold is not None else ""
+        )
+        return f"{self.where()}: {what}{values} -> {self.reason}; {self.action}"
+
+    @property
+    def rank(self) -> int:
+        """The action's rung on the ladder (0: rerun ... 4: RMA)."""
+        return LADDER.index(self.action)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "metric": self.metric,
+            "reason": self.reason,
+            "action": self.action,
+            "why": self.why,
+            "where": self.where(),
+        }
+        for name in ("host", "gpu", "port", "scope", "test_id", "problem"):
+            if getattr(self, name):
+                out[name] = getattr(self, name)
+        if self.measured is not None or self.threshold is not None:
+            out.update(
+                measured=self.measured,
+                threshold=self.threshold,
+                comparison=self.comparison,
+                unit=self.unit,
+                source=self.source,
+            )
+        if self.labels:
+            out["labels"] = dict(self.labels)
+        if self.message:
+            out["message"] = self.message
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Finding:
+        reason, action = data.get("reason"), data.get("action")
+        if reason not in REASONS:
+            raise ValueError(f"a finding's reason must be one of {', '.join(REASONS)}, got {reason!r}")
+        if action not in LADDER:
+            raise ValueError(f"a finding's action must be one of {', '.join(LADDER)}, got {action!r}")
+        return cls(
+            metric=str(data["metric"]),
+            reason=reason,
+            action=action,
+            why=str(data.get("why", "")),
+            host=data.get("host"),
+            gpu=data.get("gpu"),
+            port=data.get("port"),
+            measured=data.get("measured"),
+            threshold=data.get("threshold"),
+            comparison=str(data.get("comparison", "")),
+            unit=str(data.get("unit", "")),
+            source=str(data.get("source", "")),
+            scope=data.get("scope"),
+            labels=dict(data.get("labels") or {}),
+            test_id=str(data.get("test_id", "")),
+            message=str(data.get("message", "")),
+            problem=data.get("problem"),
+        )
+
+
+def problem_of(m: Measurement) -> str | None:
+    """Why the check could not be judged (``Check.problem``: not measured, broken measurement)."""
+    if m.problem:
+        return str(m.problem)
+    if m.failed and not m.measured:  # a NaN under a threshold read from an old file
+        return "not measured"
+    return None
+
+
+def host_of(labels: Mapping[str, Any]) -> str | None:
+    for name in HOST_LABELS:
+        value = labels.get(name)
+        if value not in (None, "", "all"):
+            return str(value)
+    return None
+
+
+def gpu_of(labels: Mapping[str, Any]) -> str | None:
+    for name in GPU_LABELS:
+        value = labels.get(name)
+        if value not in (None, "", "all"):
+            return str(value)
+    return None
+
+
+def port_of(metric: str, labels: Mapping[str, Any]) -> str | None:
+    if not metric.startswith(PORT_METRICS):
+        return None
+    if labels.get("pair"):
+        return f"link {labels['pair']}"
+    if labels.get("peer") and host_of(labels):
+        return f"link {host_of(labels)} <-> {labels['peer']}"
+    device = labels.get("device")
+    if labels.get("port") not in (None, ""):
+        return f"{device} port {labels['port']}" if device else f"port {labels['port']}"
+    return str(device) if device else None
+
+
+def _point(m: Measurement) -> tuple[str, str, str]:
+    """The peer group of a value: metric, scope and every label that is not who it belongs to."""
+    rest = ",".join(f"{k}={m.labels[k]}" for k in sorted(m.labels) if k not in WHO_LABELS)
+    return (m.metric, m.scope or "", rest)
+
+
+def _source(m: Measurement) -> str:
+    return str(m.ref) if m.ref is not None else "a rule of the check (no profile key)"
+
+
+@dataclass(frozen=True, slots=True)
+class _Peers:
+    """How a value's peer group did: how many were judged with a value, and how many of those missed."""
+
+    judged: int
+    failing: int
+
+    @classmethod
+    def of(cls, members: Iterable[Measurement]) -> _Peers:
+        judged = [m for m in members if m.verdict != "info" and m.judged and m.measured]
+        return cls(len(judged), sum(m.failed for m in judged))
+
+
+def _classify(m: Measurement, peers: _Peers) -> tuple[ReasonClass, Action, str]:
+    problem = problem_of(m)
+    if problem in _NOT_MEASURED or not m.measured:
+        what = (
+            "a value above the physical ceiling of its path"
+            if problem == "broken measurement"
+            else ("no value for a threshold the profile sets")
+        )
+        return "not measured", "rerun", f"{what}: fix the measurement or the set-up it names, then rerun"
+    host, gpu, port = host_of(m.labels), gpu_of(m.labels), port_of(m.metric, m.labels)
+    judged, failing = peers.judged, peers.failing
+    health = m.metric.startswith(HARDWARE_METRICS)
+    outlier = judged >= 2 and failing * 2 <= judged
+    if not (host or gpu or port) or not (health or outlier):
+        if judged >= 2:
+            why = (
+                f"{failing} of {judged} peers missed alike: review the threshold ({_source(m)}) or the fabric"
+            )
+        else:
+            why = f"a cluster-wide value with no peer to compare: review the threshold ({_source(m)}), then rerun"
+        return "threshold", "rerun", why
+    why = (
+        f"a health counter only hardware fails ({m.metric})"
+        if health
+        else f"{judged - failing} of {judged} peers passed"
+    )
+    if port:
+        return "hardware", "reseat/replace cable or NIC", why
+    if gpu:
+        if m.metric.startswith(RMA_METRICS):
+            return "hardware", "RMA", why + "; GPU memory can no longer be repaired in place"
+        return "hardware", "reset GPU", why
+    return "hardware", "drain node", why
+
+
+def _from_measurement(m: Measurement, peers: _Peers) -> Finding:
+    reason, action, why = _classify(m, peers)
+    return Finding(
+        metric=m.metric,
+        reason=reason,
+        action=action,
+        why=why,
+        host=host_of(m.labels),
+        gpu=gpu_of(m.labels),
+        port=port_of(m.metric, m.labels),
+        measured=m.value if math.isfinite(m.value) else None,
+        threshold=m.threshold,
+        comparison=m.comparison,
+        unit=m.unit,
+        source=_source(m),
+        scope=m.scope,
+        labels=dict(m.labels),
+        test_id=m.test_id,
+        message=failure_message(m),
+        problem=problem_of(m),
+    )
+
+
+_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def hosts_named(text: str, hosts: Iterable[str]) -> list[str]:
+    """The known hosts a message names (a crashed rank's host), in the order of ``hosts``."""
+    words = {w.rstrip(".") for w in _WORD.findall(text)}
+    return [h for h in hosts if h in words]
+
+
+def _from_outcome(o: TestOutcome, hosts: Sequence[str]) -> Finding:
+    named = hosts_named(o.message, hosts)
+    if o.category == "performance":
+        reason: ReasonClass = "threshold"
+        why = "the test failed on a value judged outside the thresholds (a regression against the baseline)"
+    elif o.category == "not measured":
+        reason = "not measured"
+        why = "the test could not judge a threshold it has (no value, or a broken measurement)"
+    else:
+        reason = "workload failed"
+        why = (
+            "the job could not run, or a rank crashed or hung"
+            if o.category == "infrastructure"
+            else "the test failed without a value below its threshold (a bug or a wrong result)"
+        )
+    first = (o.message.strip().splitlines() or [o.outcome])[0]
+    return Finding(
+        metric=o.test_id,
+        reason=reason,
+        action="rerun",
+        why=why + (f"; the message names {', '.join(named)}" if named else ""),
+        host=named[0] if len(named) == 1 else None,
+        test_id=o.test_id,
+        message=o.message or first,
+    )
+
+
+def findings_of(
+    measurements: Sequence[Measurement], outcomes: Sequence[TestOutcome] = (), hosts: Sequence[str] = ()
+) -> list[Finding]:
+    """Every failure of a run as a finding, highest rung of the ladder first, then by host.
+
+    A failed value (the last of its key: a confirmation supersedes its first measurement) gives
+    one finding; a failed test that recorded no failed value gives one too (workload failed, or a
+    regression). ``hosts`` are the run's hosts, to find the one a crash message names.
+    """
+    latest = {m.key: m for m in measurements}
+    groups: dict[tuple[str, str, str], list[Measurement]] = defaultdict(list)
+    for m in latest.values():
+        groups[_point(m)].append(m)
+    peers = {point: _Peers.of(members) for point, members in groups.items()}
+    found = [_from_measurement(m, peers[_point(m)]) for m in latest.values() if m.failed]
+    with_failed_values = {f.test_id for f in found}
+    for o in outcomes:
+        if o.outcome in ("failed", "error") and o.category != "pass" and o.test_id not in with_failed_values:
+            found.append(_from_outcome(o, hosts))
+    found.sort(
+        key=lambda f: (-f.rank, REASONS.index(f.reason), f.host or "~", f.gpu or "", f.port or "", f.metric)
+    )
+    return found

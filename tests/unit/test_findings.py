@@ -1,0 +1,188 @@
+"""Findings: each failure of a run with its reason class and the next action from the ladder."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from pytest_gpucluster.burnin.drain import SUSPECTS_FILE, Suspect, write_suspects
+from pytest_gpucluster.results.baseline import read_results
+from pytest_gpucluster.results.findings import LADDER, REASONS, Finding, findings_of
+from pytest_gpucluster.results.model import Check, Measurement, ThresholdRef
+from pytest_gpucluster.results.model import TestOutcome as Outcome
+from pytest_gpucluster.results.recorder import Recorder
+from pytest_gpucluster.results.report import finish_run
+
+REAL_RUN = Path(__file__).parents[1] / "data" / "results" / "cpu_local_run.json"
+"""A real ``pytest acceptance/ --hw=cpu-local`` run on this 2-core machine (loaded: rank 0's CPU
+matmul missed its floor while rank 1's passed)."""
+REF = ThresholdRef("h200", ("burnin", "min_gpu_matmul"))
+
+
+def _m(metric: str, value: float, threshold: float | None, labels: dict, **kw) -> Measurement:
+    check = Check(metric, value, kw.pop("unit", "FLOP/s"), threshold, labels=labels, **kw)
+    return Measurement.of(check, test_id=kw.get("test_id", "acceptance/test_burnin.py::t"), time=0.0)
+
+
+def _gpus(slow: tuple[str, str] | None = None, low: float = 600e12) -> list[Measurement]:
+    out = []
+    for host in ("node01", "node02"):
+        for gpu in range(8):
+            value = low if (host, str(gpu)) == slow else 900e12
+            out.append(_m("burnin.gpu_matmul", value, 800e12, {"host": host, "gpu": str(gpu)}, ref=REF))
+    return out
+
+
+def test_the_real_cpu_local_run_gives_one_hardware_finding_for_the_slow_rank():
+    run = read_results(REAL_RUN)
+    findings = findings_of(run.measurements, run.outcomes, ["vm"])
+    assert [(f.metric, f.host, f.reason, f.action) for f in findings] == [
+        ("burnin.cpu_matmul", "vm", "hardware", "drain node")
+    ]
+    (slow,) = findings
+    assert slow.labels == {"host": "vm", "rank": 0}
+    assert slow.source == "profile cpu-local: burnin.min_cpu_matmul"
+    assert slow.measured is not None and slow.threshold is not None and slow.measured < slow.threshold
+    assert "1 of 2 peers passed" in slow.why
+    # the failed test is the same failure: not a second finding
+    assert slow.test_id == "acceptance/test_burnin.py::test_rank_health_cpu"
+
+
+def test_a_slow_gpu_among_passing_peers_is_hardware_and_gets_a_gpu_reset():
+    (f,) = findings_of(_gpus(slow=("node02", "5")))
+    assert (f.host, f.gpu, f.reason, f.action) == ("node02", "5", "hardware", "reset GPU")
+    assert "15 of 16 peers passed" in f.why
+    assert f.source == "profile h200: burnin.min_gpu_matmul"
+    assert f.where() == "node02, GPU 5"
+    assert "reset GPU" in f.line() and "600 TFLOP/s" in f.line()
+
+
+def test_a_value_every_peer_misses_alike_points_at_the_threshold():
+    ms = [_m("burnin.gpu_matmul", 700e12, 800e12, {"host": f"n{i}", "gpu": "0"}, ref=REF) for i in range(4)]
+    found = findings_of(ms)
+    assert {(f.reason, f.action) for f in found} == {("threshold", "rerun")}
+    assert "4 of 4 peers missed alike" in found[0].why and "burnin.min_gpu_matmul" in found[0].why
+
+
+def test_a_cluster_wide_value_without_peers_is_a_threshold_finding():
+    (f,) = findings_of(
+        [
+            _m(
+                "collectives.all_reduce.busbw",
+                1e9,
+                2e9,
+                {"size_bytes": 1 << 30},
+                unit="B/s",
+                scope="inter-node",
+            )
+        ]
+    )
+    assert (f.host, f.reason, f.action) == (None, "threshold", "rerun")
+    assert f.where() == "cluster" and f.source == "a rule of the check (no profile key)"
+
+
+@pytest.mark.parametrize(
+    ("metric", "labels", "action", "port"),
+    [
+        (
+            "fabric.error_increase",
+            {"node": "n3", "device": "mlx5_1", "port": 1},
+            "reseat/replace cable or NIC",
+            "mlx5_1 port 1",
+        ),
+        ("fabric.port_active", {"node": "n3", "device": "eth2"}, "reseat/replace cable or NIC", "eth2"),
+        ("burnin.row_remap_failure", {"host": "n3", "gpu": "2"}, "RMA", None),
+        ("burnin.ecc_uncorrected", {"host": "n3", "gpu": "2"}, "reset GPU", None),
+        ("burnin.pcie_width", {"host": "n3"}, "drain node", None),
+    ],
+)
+def test_a_health_counter_is_hardware_even_without_peers(metric, labels, action, port):
+    (f,) = findings_of([_m(metric, 1.0, 0.0, labels, unit="count", comparison="<=")])
+    assert (f.reason, f.action, f.port, f.host) == ("hardware", action, port, "n3")
+
+
+def test_a_pair_that_is_not_a_link_names_no_port():
+    ms = [_m("nvlink.speedup", 1.0, 2.0, {"size_bytes": 1 << 20, "pair": "shm/gloo"}, unit="x")]
+    assert findings_of(ms)[0].port is None
+
+
+def test_a_link_of_two_nodes_is_a_cable_finding_with_no_host_to_drain():
+    labels = {"pair": "node01<->node02"}
+    ms = [_m("burnin.pair_busbw", 1e9, 5e9, labels, unit="B/s")] + [
+        _m("burnin.pair_busbw", 9e9, 5e9, {"pair": f"node0{i}<->node0{i + 1}"}, unit="B/s")
+        for i in range(2, 6)
+    ]
+    (f,) = findings_of(ms)
+    assert (f.port, f.host, f.reason, f.action) == (
+        "link node01<->node02",
+        None,
+        "hardware",
+        "reseat/replace cable or NIC",
+    )
+
+
+def test_a_threshold_without_a_value_is_not_measured_and_a_broken_one_too():
+    nan = _m("burnin.gpu_matmul", math.nan, 800e12, {"host": "n1", "gpu": "0"}, ref=REF)
+    (f,) = findings_of([nan, *_gpus()])
+    assert (f.reason, f.action, f.problem, f.measured) == ("not measured", "rerun", "not measured", None)
+
+    high = _m("nvlink.busbw", 2e12, 1e11, {"host": "n1"}, unit="B/s", problem="broken measurement")
+    (f,) = findings_of([high])
+    assert (f.reason, f.problem) == ("not measured", "broken measurement")
+    assert "physical ceiling" in f.why
+
+
+def test_a_crashed_job_is_a_workload_finding_naming_its_host():
+    crash = Outcome(
+        "acceptance/test_sft.py::test_sft[tiny]",
+        "failed",
+        "infrastructure",
+        3.0,
+        "JobFailed: rank 5 on node07 exited with code 1 (root cause)\nTraceback ...",
+    )
+    passed = Outcome("acceptance/test_sft.py::test_other", "passed", "pass", 1.0)
+    (f,) = findings_of([], [crash, passed], ["node06", "node07", "node08"])
+    assert (f.reason, f.action, f.host, f.metric) == ("workload failed", "rerun", "node07", crash.test_id)
+    assert f.message.startswith("JobFailed: rank 5 on node07")
+
+
+def test_findings_are_ordered_by_rung_and_survive_json():
+    ms = [
+        *_gpus(slow=("node01", "3")),
+        _m("burnin.row_remap_failure", 1, 0, {"host": "node02", "gpu": "1"}, unit="count", comparison="<="),
+        _m("sft.step_time", 2.0, 1.0, {"case": "tiny"}, unit="s", comparison="<="),
+    ]
+    found = findings_of(ms)
+    assert [f.action for f in found] == ["RMA", "reset GPU", "rerun"]
+    assert [Finding.from_json(json.loads(json.dumps(f.to_json()))) for f in found] == found
+    assert LADDER[0] == "rerun" and LADDER[-1] == "RMA" and "not measured" in REASONS
+    with pytest.raises(ValueError, match="reason must be one of"):
+        Finding.from_json({**found[0].to_json(), "reason": "bad luck"})
+
+
+def test_the_end_of_a_run_writes_the_findings_to_results_json_and_the_drain_list(tmp_path):
+    recorder = Recorder(tmp_path / "results.json", header={"fingerprint": {"hosts": ["node01", "node02"]}})
+    recorder.measurements.extend(_gpus(slow=("node01", "3")))
+    write_suspects(tmp_path / SUSPECTS_FILE, [Suspect(node="node01", reason="slow GPU 3", check="health")])
+    finish_run(recorder, tmp_path, None, 0.05)
+    stored = json.loads((tmp_path / "results.json").read_text())["findings"]
+    assert [(f["host"], f["gpu"], f["reason"], f["action"]) for f in stored] == [
+        ("node01", "3", "hardware", "reset GPU")
+    ]
+    drain = json.loads((tmp_path / SUSPECTS_FILE).read_text())
+    assert drain["findings"] == stored and len(drain["suspects"]) == 1
+    assert [c[2] for c in drain["drain_commands"]] == ["NodeName=node01"]
+    # a later suspect keeps the findings in the drain list
+    write_suspects(tmp_path / SUSPECTS_FILE, [Suspect(node="node02", reason="late", check="health")])
+    assert json.loads((tmp_path / SUSPECTS_FILE).read_text())["findings"] == stored
+
+
+def test_a_test_that_ended_not_measured_without_a_recorded_value_is_a_not_measured_finding():
+    gap = Outcome(
+        "acceptance/test_nvlink.py::test_links_up", "failed", "not measured", 0.1, "NotMeasured: ..."
+    )
+    (f,) = findings_of([], [gap])
+    assert (f.reason, f.action) == ("not measured", "rerun")
