@@ -139,10 +139,13 @@ OWNERS: dict[str, _Owners] = {
     "burnin.min_pcie_gen": _GPU_HEALTH,
     "burnin.min_pcie_width": _GPU_HEALTH,
     "burnin.max_retired_pages": _GPU_HEALTH,
+    "burnin.max_corrected_ecc_per_hour": _fixed(Owner("test_burnin.py", "test_counters_after")),
     "burnin.pair_min_busbw": _fixed(Owner("test_burnin.py", "test_pairwise_localization")),
     "burnin.soak.min_busbw_fraction": _fixed(Owner("test_fabric.py", "test_soak")),
     "burnin.soak.max_cv": _fixed(Owner("test_fabric.py", "test_soak")),
     "fabric.max_error_increase": _fixed(Owner("test_fabric.py", "test_fabric_after")),
+    "fabric.max_retransmits_per_gb": _fixed(Owner("test_fabric.py", "test_fabric_after")),
+    "fabric.max_drop_increase": _fixed(Owner("test_fabric.py", "test_fabric_after")),
     "numerics.min_flops": _fixed(Owner("test_numerics.py", "test_numerics_throughput")),
     "numerics.min_peak_fraction": _fixed(Owner("test_numerics.py", "test_numerics_throughput")),
 }
@@ -159,6 +162,10 @@ NOT_THRESHOLDS = frozenset(
     }
 )
 """``min_*``/``max_*`` keys of the schema that are settings, not thresholds."""
+
+ONLY_WHERE_WRITTEN = frozenset({"fabric.max_retransmits_per_gb"})
+"""Thresholds whose default applies only where the hardware has the counters (retransmit counters
+exist on RDMA ports only): judged closed only where the profile writes them."""
 
 _NCCL_PATTERN = "nccl.*"
 """The ``nccl:`` expectations (``checks/nccl.expectations_of``), each its own threshold."""
@@ -211,12 +218,22 @@ def _walk(model: Any, path: KeyPath) -> Iterable[tuple[KeyPath, Any, str]]:
             yield here, value, _unit(model, name)
 
 
+def _written(model: Any, path: KeyPath) -> bool:
+    """Whether the profile wrote the key (pydantic's ``model_fields_set``), not only its default."""
+    node = model
+    for part in path[:-1]:
+        node = node[part] if isinstance(part, int) else getattr(node, str(part))
+    return path[-1] in node.model_fields_set
+
+
 def profile_thresholds(model: ProfileModel) -> list[ProfileThreshold]:
     """Every threshold ``model`` sets (a value that is not null), in file order."""
     out: list[ProfileThreshold] = []
     for path, value, unit in _walk(model, ()):
         owners = OWNERS.get(_pattern(path)) or OWNERS.get(_pattern(path[:-1]))
         if owners is None:
+            continue
+        if _pattern(path) in ONLY_WHERE_WRITTEN and not _written(model, path):
             continue
         if path[:2] == ("numerics", "min_peak_fraction") and path[2] in model.numerics.min_flops:
             continue  # min_flops wins for that dtype (plans/numerics.dtype_floors)

@@ -171,7 +171,9 @@ def counters(ctx: RankContext) -> dict[str, Any]:
     """ECC, retired-page and remapped-row counters of this rank's GPU, and its node's XID events."""
     import torch
 
-    result: dict[str, Any] = {"rank": ctx.rank, "host": ctx.host, "local_rank": ctx.local_rank}
+    result: dict[str, Any] = {
+        "rank": ctx.rank, "host": ctx.host, "local_rank": ctx.local_rank, "taken_at": time.time(),
+    }  # fmt: skip
     if not ctx.is_cuda:
         why = f"{ctx.host} has no CUDA device, so there are no ECC or XID counters to read"
         result["skipped"] = {"nvml": why, "xid": why}

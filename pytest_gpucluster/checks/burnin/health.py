@@ -27,7 +27,10 @@ from pytest_gpucluster.results.model import Check, Comparison, ThresholdRef
 from pytest_gpucluster.results.text import format_value
 
 __all__ = [
+    "CORRECTED",
     "COUNTERS",
+    "STATES",
+    "corrected_checks",
     "counter_increases",
     "cpu_checks",
     "gpu_checks",
@@ -173,13 +176,35 @@ def matmul_samples(values: Sequence[Mapping[str, Any]]) -> tuple[str, list[Sampl
 
 COUNTERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("uncorrected ECC errors (volatile)", ("ecc_uncorrected_volatile",)),
-    ("corrected ECC errors (volatile)", ("ecc_corrected_volatile",)),
     ("uncorrected ECC errors (aggregate)", ("ecc_uncorrected_aggregate",)),
     ("retired pages", ("retired_pages",)),
     ("uncorrectable remapped rows", ("remapped_rows", "uncorrectable")),
+)
+"""ECC policy, gated at zero growth: counters of errors the memory could not correct (NVIDIA's
+GPU Memory Error Management guide: an uncorrectable error is a data corruption, and each one
+retires a page or remaps a row). Any increase during the run fails, naming the GPU."""
+
+STATES: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    (
+        "a row remap is pending",
+        ("remapped_rows", "pending"),
+        "reset the GPU (nvidia-smi -r) so the remap takes effect",
+    ),
+    (
+        "row remapping failed",
+        ("remapped_rows", "failure"),
+        "the bank has no spare row left: the GPU needs replacing (RMA)",
+    ),
+)
+"""ECC policy, gated at zero: states read after the run (NVML ``nvmlDeviceGetRemappedRows``
+``isPending``/``failureOccurred``). Set, the GPU fails whatever it was before the run."""
+
+CORRECTED: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("corrected ECC errors (volatile)", ("ecc_corrected_volatile",)),
     ("correctable remapped rows", ("remapped_rows", "correctable")),
 )
-"""The counters that must not grow during the run: any increase fails, naming the GPU."""
+"""ECC policy, recorded: errors the memory corrected, by design (SECDED). Their growth is recorded
+per GPU and gated only by the profile's optional ``burnin.max_corrected_ecc_per_hour``."""
 
 
 def _gpus(values: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], Mapping[str, Any]]:
@@ -210,8 +235,10 @@ def _xids(values: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, An
 def counter_increases(
     before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]
 ) -> list[Suspect]:
-    """Every GPU whose ECC / retired-page / remapped-row counter grew between the two readings,
-    and every new XID event (matched to its GPU by PCI address), as suspects."""
+    """Every GPU whose uncorrectable ECC / retired-page / uncorrectable remapped-row counter grew
+    between the two readings, or whose row remap is pending or failed after it, and every new XID
+    event (matched to its GPU by PCI address), as suspects. Corrected errors are not here
+    (`corrected_checks`)."""
     suspects: list[Suspect] = []
     old = _gpus(before)
     for key, now in _gpus(after).items():
@@ -220,6 +247,16 @@ def counter_increases(
         if was is None:
             continue
         gpu = (now.get("nvml") or {}).get("gpu") or bus
+        for what, path, action in STATES:
+            state = _num(now.get("nvml") or {}, *path)
+            if state:
+                suspects.append(
+                    Suspect(
+                        node=host, kind="gpu", gpu=gpu, rank=int(now["rank"]), check="counters",
+                        reason=f"{what} after the run: {action}",
+                        evidence={"counter": ".".join(path), "after": state},
+                    )
+                )  # fmt: skip
         for what, path in COUNTERS:
             a, b = _num(was.get("nvml") or {}, *path), _num(now.get("nvml") or {}, *path)
             if a is not None and b is not None and b > a:
@@ -249,6 +286,49 @@ def counter_increases(
                 )
             )  # fmt: skip
     return suspects
+
+
+def corrected_checks(
+    before: Sequence[Mapping[str, Any]],
+    after: Sequence[Mapping[str, Any]],
+    section: BurninSection,
+    profile: str,
+) -> list[Check]:
+    """Per GPU and corrected counter (:data:`CORRECTED`), its growth over the run: recorded, or
+    judged as a rate per hour against ``burnin.max_corrected_ecc_per_hour`` where the profile sets
+    one (the readings' ``taken_at`` give the hours; without them the rate is not measured)."""
+    ceiling = section.max_corrected_ecc_per_hour
+    ref = _key(profile, "max_corrected_ecc_per_hour") if ceiling is not None else None
+    out: list[Check] = []
+    old = _gpus(before)
+    for key, now in sorted(_gpus(after).items()):
+        host, bus = key
+        was = old.get(key)
+        if was is None:
+            continue
+        gpu = (now.get("nvml") or {}).get("gpu") or bus
+        where = {"host": host, "gpu": gpu, "rank": int(now["rank"])}
+        start, end = _num(was, "taken_at"), _num(now, "taken_at")
+        hours = (end - start) / 3600 if start is not None and end is not None and end > start else None
+        for what, path in CORRECTED:
+            a, b = _num(was.get("nvml") or {}, *path), _num(now.get("nvml") or {}, *path)
+            if a is None or b is None:
+                continue
+            grown = max(b - a, 0.0)
+            labels = {**where, "counter": ".".join(path)}
+            told = f"{gpu} of {host}: {what} {a:g} -> {b:g} over the run"
+            if ceiling is None:
+                out.append(Check("burnin.corrected_ecc", grown, "count", labels=labels,
+                                 hint=f"{told}; corrected by design, recorded (burnin.max_corrected_ecc_per_hour gates a rate)."))  # fmt: skip
+                continue
+            rate = grown / hours if hours else math.nan
+            span = f"{hours * 60:.3g} min" if hours else "an unknown time (the readings carry no taken_at)"
+            out.append(
+                Check("burnin.corrected_ecc_rate", rate, "1/h", ceiling, "<=", ref, labels=labels, baseline_gate=False,
+                      hint=f"{told} in {span}. Many corrected errors are the usual forerunner of uncorrectable ones: "
+                      "watch the GPU, retest it, and drain it if the rate holds.")
+            )  # fmt: skip
+    return out
 
 
 def _xid_state(values: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str | None, str | None]]:
