@@ -224,7 +224,7 @@ def write_reports(
     out_dir.mkdir(parents=True, exist_ok=True)
     note = unavailable()
     old_values = (
-        {c.key: c.old for c in comparison.changes if c.basis != "median over hosts"}
+        {c.key: c.old for c in comparison.changes if c.basis in ("same point", "per host")}
         if comparison is not None
         else {}
     )
