@@ -15,7 +15,7 @@ fp32 with TF32 off and on, bf16, fp16, fp8 where the part and torch have it), re
 - ``test_numerics_known_answer``: a small GEMM and its reductions agree with float64 on the host
   within the dtype's a-priori error bound.
 - ``test_numerics_throughput``: TFLOP/s per rank and dtype, recorded for the regression gate and
-  gated against ``numerics.min_flops`` or ``numerics.min_peak_fraction`` x the part's dense peak.
+  gated against ``numerics.min_flops`` (a part profile's: a fraction of the part's dense peak).
 - ``test_injected_corruption_is_named``: the self-test. The last rank flips the lowest bit of one
   element of its last dtype's output in its first run; the verdicts must name that rank, its host,
   GPU and dtype, and nobody else. (Reported here, never written to the drain list.)
@@ -34,7 +34,6 @@ from pytest_gpucluster.checks import numerics as verdicts
 from pytest_gpucluster.fixtures import job_part
 from pytest_gpucluster.harness import Part, PartRun
 from pytest_gpucluster.plans.numerics import dtype_floors, numerics_part
-from pytest_gpucluster.profiles.devices import find_device
 from pytest_gpucluster.session import GpuClusterSession
 
 pytestmark = pytest.mark.quick
@@ -91,8 +90,7 @@ def test_numerics_throughput(
 ) -> None:
     """TFLOP/s per rank and dtype against its floor (with ``--baseline``, a suspected regression
     runs the numerics job once more before it fails)."""
-    device = find_device(hw.cluster.gpu_model) if hw.cluster.device == "cuda" else None
-    floors = dtype_floors(hw, device)
+    floors = dtype_floors(hw)
     checks = verdicts.throughput_checks(numerics_job.values, floors)
     assert checks, "the numerics job returned no throughput"
     for value in numerics_job.values:

@@ -26,6 +26,14 @@ The fractions are set between a healthy part and a broken one:
   healthy floors sit at 48% (GB200, 4 GPUs: 432 of 900 GB/s) to 102% (H100 with NVLS: 460 of 450)
   of that rate; a node whose NVLink runs at half rate reaches at most Ring's ~82% / 2 = 41%.
 
+- ``numerics.min_flops.<dtype>`` = a fraction of the part's dense peak for the dtype (devices.yaml
+  ``dense_flops``), per rank, the median of acceptance/test_numerics.py's timed chains of 8192^3
+  GEMMs: :data:`NUMERICS_FRACTIONS`. bf16, fp16 and tf32 take burn-in's 40% (the H200's bf16 GEMM
+  measured 69-73% of its peak); fp32 on the CUDA cores and fp8 through ``torch._scaled_mm`` (bf16
+  output, a cast back to fp8 between the chained GEMMs, no fast accumulation) 30%: neither has
+  been measured by this suite on a GPU, so their floors only catch a part running at a third of
+  its datasheet rate, a half-clocked or throttled GPU or a fallback to a slow kernel.
+
 Pure: devices in, numbers and sentences out. No pytest, no I/O.
 """
 
@@ -42,6 +50,7 @@ __all__ = [
     "MATMUL_FRACTION",
     "MEMORY_FRACTION",
     "MIN_SPEEDUP",
+    "NUMERICS_FRACTIONS",
     "Floor",
     "part_floors",
 ]
@@ -52,6 +61,7 @@ H2D_FRACTION = 0.60
 INTRA_NODE_FRACTION = 0.45
 INTRA_NODE_SIZE = 16 * 2**30
 MIN_SPEEDUP = 3.0
+NUMERICS_FRACTIONS = {"fp32": 0.30, "tf32": 0.40, "bf16": 0.40, "fp16": 0.40, "fp8": 0.30}
 _C2C_ABOVE = 128e9
 """A host link faster than PCIe Gen6 x16 per direction is NVLink-C2C (GH200, GB200)."""
 
@@ -109,4 +119,13 @@ def part_floors(device: Device, *, nvlink: bool, switched: bool) -> tuple[Floor,
             floors.append(
                 Floor("nvlink.min_speedup", MIN_SPEEDUP, "NVLink over host-staged copies, ~10x on HGX")
             )
+    for dtype, peak in device.dense_flops:
+        fraction = NUMERICS_FRACTIONS[dtype]
+        floors.append(
+            Floor(
+                f"numerics.min_flops.{dtype}",
+                fraction * peak,
+                f"{fraction:.0%} of {src} dense_flops.{dtype} {peak / 1e12:g} TFLOP/s",
+            )
+        )
     return tuple(floors)

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from pytest_gpucluster.profiles.fields import Duration, FlopRate, Fraction, Section
+from pytest_gpucluster.profiles.fields import Duration, FlopRate, Section
 
 __all__ = ["NUMERICS_DTYPES", "NumericsDtype", "NumericsSection"]
 
@@ -36,11 +36,17 @@ class NumericsSection(Section):
         ge=16,
         le=16384,
         multiple_of=16,
-        description="GEMM size n (n x n x n): large enough to time the tensor cores at their rate.",
+        description="GEMM size n (n x n x n): large enough to time the tensor cores at their rate; a "
+        "multiple of 16, as fp8 GEMMs need.",
     )
     depth: int = Field(4, ge=1, description="GEMMs chained per run (x = x @ b), then fp32 row sums.")
     known_answer_k: int = Field(
-        64, ge=8, le=128, description="Size of the small GEMM checked against float64 (K of the bound)."
+        64,
+        ge=16,
+        le=128,
+        multiple_of=16,
+        description="Size of the small GEMM checked against float64 (K of the bound); a multiple of 16, "
+        "as fp8 GEMMs need.",
     )
     dtypes: tuple[NumericsDtype, ...] | None = Field(
         None,
@@ -48,12 +54,10 @@ class NumericsSection(Section):
         "off, tf32, bf16, fp16, and fp8 where the part (compute capability 8.9+) and torch have it).",
     )
     min_flops: dict[NumericsDtype, FlopRate] = Field(
-        default_factory=dict, description="Per-dtype throughput floor per rank; wins over min_peak_fraction."
-    )
-    min_peak_fraction: dict[NumericsDtype, Fraction] = Field(
         default_factory=dict,
-        description="Per-dtype floor as a fraction of the part's dense peak for that dtype "
-        "(devices.yaml dense_flops).",
+        description="Per-dtype GEMM throughput floor per rank (median of the timed chains); unset: recorded, "
+        "not gated. Part profiles derive theirs from the part's dense peak per dtype (devices.yaml "
+        "dense_flops, profiles/part_rules.py).",
     )
     source: str | None = Field(None, description="Where the floors come from.")
 

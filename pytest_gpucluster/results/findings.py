@@ -95,6 +95,9 @@ HARDWARE_METRICS = (
     "nvlink.link_speed",
     "inventory.gpus_per_node",
     "inventory.gpus_matching_model",
+    "numerics.agreement",  # bits unlike the majority's, or unlike its own earlier runs, or a wrong
+    "numerics.repeat_stability",  # answer: silent data corruption, whether or not peers failed too
+    "numerics.known_answer",
 )
 """Metrics only hardware fails: their failure is a hardware finding even with no peer to compare."""
 RMA_METRICS = ("burnin.row_remap_failure", "burnin.retired_pages")

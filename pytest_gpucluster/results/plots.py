@@ -1,17 +1,14 @@
-"""Charts for the report, generic over measurements: curves where a size-like label varies, bars
-where a rank/host label does.
+"""The report's charts as PNGs, drawn from the groups of ``chart_groups.py`` (one chart per metric
+and scope across the fleet):
 
-- a measurement with a numeric ``size_bytes`` (or ``nodes``, ``world_size``...) label joins a curve
-  of its metric and scope, one line per combination of its other labels (dtype, op...); sizes on a
-  log2 axis; thresholds drawn dashed, points that missed theirs marked;
-- a measurement with a ``rank``, ``host`` or ``node`` label joins a bar chart of its metric, scope
-  and other labels, the worst bar highlighted;
-- what remains of ``sft.*`` and ``scaling.*`` (step time, throughput, efficiency per case) and any
-  other metric with several values becomes a bar chart across its labels;
-- a measurement whose spread is a time series (``Spread.times``: the soak) joins a chart over time
-  of its metric, scope and point, one line per node, node pair or group, the threshold dashed and
-  the samples below it marked;
-- per-port counters, per-GPU verdicts and the soak's variation (``NEVER_PLOTTED``) are tables only.
+- a curve: one line per point series; where the values of a series name nodes or GPUs, the
+  fleet's median line and min..max band, plus a line for each member that missed a threshold
+  (at most `OUTLIER_LINES`);
+- a fleet chart: every value of the metric, sorted worst first (bars up to `BAR_LIMIT` values, a
+  strip beyond), the threshold dashed, failing values red and the outliers labelled by host/GPU;
+- bars across labels (SFT cases, scaling);
+- a time series (the soak): one line per node or pair, at most `OUTLIER_LINES` of them (the
+  lowest), the floor dashed and the samples below it marked.
 
 matplotlib is imported lazily and only through ``Figure`` + Agg (no pyplot, no global backend);
 ``unavailable()`` says why there are no plots when it is missing.
@@ -22,30 +19,36 @@ from __future__ import annotations
 import io
 import math
 import re
+import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pytest_gpucluster.results.baseline import direction_of
+from pytest_gpucluster.results.chart_groups import (
+    LINE_LABELS,
+    WHO_LABELS,
+    ChartGroup,
+    group_measurements,
+    label_text,
+    who_of,
+)
 from pytest_gpucluster.results.model import Measurement
 
-__all__ = ["MAX_PLOTS", "Plot", "render_plots", "unavailable"]
+__all__ = ["MAX_PLOTS", "Plot", "group_measurements", "render_plots", "unavailable"]
 
-X_LABELS = ("size_bytes", "nodes", "to_nodes", "world_size", "ranks", "gpus")
-"""Labels that make a curve, in order of preference; size_bytes gets a log2 axis."""
-BAR_LABELS = ("rank", "host", "node", "gpu", "pair")
-LINE_LABELS = ("pair", "node", "host", "nodes")
-"""Labels that name the line of a time series (who), not its chart."""
-NEVER_PLOTTED = ("fabric.", "burnin.dcgm", "burnin.soak.busbw_cv")
-"""Tables, not charts: per-port counters, per-GPU verdicts, and the soak's variation (one number per
-series, whose samples the lowest-busbw chart already draws over time)."""
-ALWAYS_PLOTTED = ("sft.", "scaling.")
-FAMILIES = ("collectives.", "nccl.", "nvlink.", "burnin.", "sft.", "scaling.")
-"""Chart order in the report: communication first, then training."""
 MAX_PLOTS = 60
+"""A guard only: the charts are one per metric and scope, so a run has as many as it has metrics."""
+BAR_LIMIT = 40
+"""Up to this many values a fleet chart is bars with every name; beyond, a sorted strip."""
+OUTLIER_LINES = 6
+LABELLED = 6
+"""Outliers named on a fleet chart: the failures first, then the farthest from the median."""
 
 _SCALES = {"B/s": (1e9, "GB/s"), "FLOP/s": (1e12, "TFLOP/s"), "fraction": (0.01, "%"), "B": (2**30, "GiB")}
+_Group = ChartGroup
+_label_text = label_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,18 +70,6 @@ def unavailable() -> str | None:
     return None
 
 
-def _numeric(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)) and math.isfinite(value):
-        return float(value)
-    return None
-
-
-def _label_text(labels: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(labels.items()))
-
-
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()[:80]
 
@@ -97,60 +88,6 @@ def _human_bytes(value: float, _pos: Any = None) -> str:
     return f"{value:g}"
 
 
-@dataclass(frozen=True, slots=True)
-class _Group:
-    kind: str  # "curve", "bars" or "series"
-    metric: str
-    scope: str | None
-    axis: str  # the x label (curve, bars) or "" for bars across label combinations
-    fixed: str  # the other labels that name this chart
-    members: tuple[Measurement, ...]
-
-
-def group_measurements(measurements: Sequence[Measurement]) -> list[_Group]:
-    """Split measurements into charts (the pure part: tested without matplotlib)."""
-    curves: dict[tuple[Any, ...], list[Measurement]] = defaultdict(list)
-    bars: dict[tuple[Any, ...], list[Measurement]] = defaultdict(list)
-    rest: dict[tuple[Any, ...], list[Measurement]] = defaultdict(list)
-    series: dict[tuple[Any, ...], list[Measurement]] = defaultdict(list)
-    for m in measurements:
-        if m.metric.startswith(NEVER_PLOTTED):
-            continue
-        if m.spread is not None and m.spread.times:
-            point = {k: v for k, v in m.labels.items() if k not in LINE_LABELS}
-            series[(m.metric, m.scope, "time_s", _label_text(point))].append(m)
-            continue
-        bar_label = next((k for k in BAR_LABELS if k in m.labels), None)
-        x_label = next((k for k in X_LABELS if _numeric(m.labels.get(k)) is not None), None)
-        if bar_label is not None:
-            others = {k: v for k, v in m.labels.items() if k != bar_label}
-            bars[(m.metric, m.scope, bar_label, _label_text(others))].append(m)
-        elif x_label is not None:
-            # The other labels (dtype, op...) become series of one chart per metric and scope.
-            curves[(m.metric, m.scope, x_label, "")].append(m)
-        else:
-            rest[(m.metric, m.scope, "", "")].append(m)
-    groups: list[_Group] = []
-    for (metric, scope, axis, fixed), members in curves.items():
-        if len({m.labels[axis] for m in members}) >= 2:
-            groups.append(_Group("curve", metric, scope, axis, fixed, tuple(members)))
-        else:
-            rest[(metric, scope, "", "")].extend(members)
-    for (metric, scope, axis, fixed), members in bars.items():
-        groups.append(_Group("bars", metric, scope, axis, fixed, tuple(members)))
-    for (metric, scope, axis, fixed), members in series.items():
-        groups.append(_Group("series", metric, scope, axis, fixed, tuple(members)))
-    for (metric, scope, _, _), members in rest.items():
-        if len(members) >= 2 or metric.startswith(ALWAYS_PLOTTED):
-            groups.append(_Group("bars", metric, scope, "", "", tuple(members)))
-    groups.sort(key=lambda g: (_family(g.metric), g.metric, g.scope or "", g.kind, g.fixed))
-    return groups
-
-
-def _family(metric: str) -> int:
-    return next((i for i, prefix in enumerate(FAMILIES) if metric.startswith(prefix)), len(FAMILIES))
-
-
 def _title(g: _Group) -> str:
     parts = [
         f"{g.metric} over time" if g.kind == "series" else g.metric,
@@ -160,56 +97,99 @@ def _title(g: _Group) -> str:
     return " ".join(p for p in parts if p)
 
 
+def _curve_line(ax: Any, xs: list[float], ms: list[Measurement], factor: float, name: str, **kw: Any) -> Any:
+    (line,) = ax.plot(xs, [m.value / factor for m in ms], marker="o", markersize=3, label=name, **kw)
+    spread = [(x, m.spread) for x, m in zip(xs, ms, strict=True) if m.spread is not None and m.spread.n > 1]
+    if spread:
+        ax.fill_between(
+            [x for x, _ in spread],
+            [s.min / factor for _, s in spread],
+            [s.max / factor for _, s in spread],
+            alpha=0.2,
+            color=line.get_color(),
+        )
+    return line
+
+
 def _draw_curve(ax: Any, g: _Group, factor: float, baseline: Mapping[str, float | None]) -> str:
+    """One line per point series; a series over many nodes/GPUs is its median and range, with a
+    line only for the members that missed a threshold."""
     series: dict[str, list[Measurement]] = defaultdict(list)
     for m in g.members:
-        series[_label_text({k: v for k, v in m.labels.items() if k != g.axis})].append(m)
-    failed = 0
-    for name, ms in sorted(series.items()):
-        ms.sort(key=lambda m: float(m.labels[g.axis]))
-        xs = [float(m.labels[g.axis]) for m in ms]
-        (line,) = ax.plot(
-            xs, [m.value / factor for m in ms], marker="o", markersize=3, label=name or g.metric
+        series[label_text({k: v for k, v in m.labels.items() if k != g.axis and k not in WHO_LABELS})].append(
+            m
         )
-        spread = [
-            (x, m.spread) for x, m in zip(xs, ms, strict=True) if m.spread is not None and m.spread.n > 1
-        ]
-        if spread:
+    failed = 0
+    fleets = 0
+    for name, ms in sorted(series.items()):
+        whos = defaultdict(list)
+        for m in ms:
+            whos[who_of(m)].append(m)
+        if len(whos) > OUTLIER_LINES:
+            fleets += 1
+            at: dict[float, list[float]] = defaultdict(list)
+            for m in ms:
+                at[float(m.labels[g.axis])].append(m.value / factor)
+            xs = sorted(at)
+            (line,) = ax.plot(
+                xs,
+                [statistics.median(at[x]) for x in xs],
+                marker="o",
+                markersize=3,
+                label=f"{name or g.metric}: median of {len(whos)}",
+            )
             ax.fill_between(
-                [x for x, _ in spread],
-                [s.min / factor for _, s in spread],
-                [s.max / factor for _, s in spread],
-                alpha=0.2,
-                color=line.get_color(),
+                xs, [min(at[x]) for x in xs], [max(at[x]) for x in xs], alpha=0.2, color=line.get_color()
             )
-        old = [(x, baseline.get(m.key)) for x, m in zip(xs, ms, strict=True)]
-        old = [(x, v) for x, v in old if v is not None]
-        if old:
-            ax.plot(
-                [x for x, _ in old],
-                [v / factor for _, v in old],  # type: ignore[operator]
-                linestyle=":",
-                color="grey",
-                label=f"baseline {name}".rstrip(),
-            )
-        gated = [(x, m) for x, m in zip(xs, ms, strict=True) if m.threshold is not None]
+            shown = [w for w, wm in whos.items() if any(m.failed for m in wm)][:OUTLIER_LINES]
+            for who in shown:
+                wm = sorted(whos[who], key=lambda m: float(m.labels[g.axis]))
+                ax.plot(
+                    [float(m.labels[g.axis]) for m in wm],
+                    [m.value / factor for m in wm],
+                    linewidth=1,
+                    label=who,
+                )
+            members = ms
+        else:
+            for who, wm in sorted(whos.items()):
+                wm.sort(key=lambda m: float(m.labels[g.axis]))
+                xs_ = [float(m.labels[g.axis]) for m in wm]
+                label = ", ".join(p for p in (name, who) if p) or g.metric
+                line = _curve_line(ax, xs_, wm, factor, label)
+                old = [(x, baseline.get(m.key)) for x, m in zip(xs_, wm, strict=True)]
+                old = [(x, v) for x, v in old if v is not None]
+                if old:
+                    ax.plot(
+                        [x for x, _ in old],
+                        [v / factor for _, v in old],  # type: ignore[operator]
+                        linestyle=":",
+                        color="grey",
+                        label=f"baseline {label}".rstrip(),
+                    )
+            members = ms
+        gated: dict[float, float] = {}
+        for m in members:
+            if m.threshold is not None:
+                gated.setdefault(float(m.labels[g.axis]), m.threshold)
         if gated:
+            xs = sorted(gated)
             ax.plot(
-                [x for x, _ in gated],
-                [m.threshold / factor for _, m in gated],  # type: ignore[operator]
+                xs,
+                [gated[x] / factor for x in xs],
                 linestyle="--",
                 marker="_",
                 markersize=10,
                 color=line.get_color(),
                 alpha=0.8,
-                label=f"threshold ({gated[0][1].comparison}) {name}".rstrip(),
+                label=f"threshold ({members[0].comparison}) {name}".rstrip(),
             )
-        bad = [(x, m) for x, m in zip(xs, ms, strict=True) if m.verdict == "fail"]
+        bad = [m for m in members if m.verdict == "fail"]
         failed += len(bad)
         if bad:
             ax.scatter(
-                [x for x, _ in bad],
-                [m.value / factor for _, m in bad],
+                [float(m.labels[g.axis]) for m in bad],
+                [m.value / factor for m in bad],
                 color="red",
                 marker="x",
                 s=60,
@@ -225,42 +205,77 @@ def _draw_curve(ax: Any, g: _Group, factor: float, baseline: Mapping[str, float 
         ax.set_xlabel(g.axis)
     ax.legend(fontsize=7, loc="best")
     n = len(g.members)
-    return f"{n} points in {len(series)} series" + (f"; {failed} below threshold (red x)" if failed else "")
+    text = f"{n} points in {len(series)} series"
+    if fleets:
+        text += " (a series over many nodes/GPUs: its median line and min..max band, failing members drawn)"
+    return text + (f"; {failed} below threshold (red x)" if failed else "")
+
+
+def _ordered(ms: list[Measurement]) -> tuple[list[Measurement], str | None]:
+    """Worst first: ascending where higher is better, descending where lower is."""
+    direction, _ = direction_of(ms[0])
+    finite = [m for m in ms if math.isfinite(m.value)]
+    finite.sort(key=lambda m: m.value, reverse=direction == "lower")
+    return finite + [m for m in ms if not math.isfinite(m.value)], direction
+
+
+def _outliers(ms: list[Measurement]) -> list[int]:
+    """Indices to label: the failures, then the values farthest from the median (robust z > 3)."""
+    failing = [i for i, m in enumerate(ms) if m.failed]
+    values = [m.value for m in ms if math.isfinite(m.value)]
+    if len(values) < 3:
+        return failing[:LABELLED]
+    median = statistics.median(values)
+    mad = statistics.median(abs(v - median) for v in values) or abs(median) * 1e-3 or 1.0
+    far = sorted(
+        (
+            i
+            for i, m in enumerate(ms)
+            if math.isfinite(m.value) and abs(m.value - median) / mad > 3 and not m.failed
+        ),
+        key=lambda i: -abs(ms[i].value - median),
+    )
+    return (failing + far)[:LABELLED]
 
 
 def _draw_bars(ax: Any, g: _Group, factor: float) -> str:
-    if g.axis:
-        ms = sorted(g.members, key=lambda m: (str(type(m.labels[g.axis])), m.labels[g.axis]))
-        names = [str(m.labels[g.axis]) for m in ms]
-        ax.set_xlabel(g.axis)
-    else:
-        ms = list(g.members)
-        names = [_label_text(m.labels) or m.test_id.rsplit("::", 1)[-1] for m in ms]
+    """Every value of the metric across the fleet, worst first, the threshold dashed, failures red,
+    outliers named (bars with every name up to `BAR_LIMIT` values, a sorted strip beyond)."""
+    ms, direction = _ordered(list(g.members))
+    names = [
+        ", ".join(
+            p
+            for p in (who_of(m), label_text({k: v for k, v in m.labels.items() if k not in WHO_LABELS}))
+            if p
+        )
+        or m.test_id.rsplit("::", 1)[-1]
+        for m in ms
+    ]
     values = [m.value / factor for m in ms]
-    direction, _ = direction_of(ms[0])
-    finite = [(v, i) for i, v in enumerate(values) if math.isfinite(v)]
-    worst = None
-    if direction is not None and len(finite) > 1:
-        worst = (min(finite) if direction == "higher" else max(finite))[1]
-    colors = ["tab:red" if m.verdict == "fail" else "tab:blue" for m in ms]
-    if worst is not None and colors[worst] != "tab:red":
-        colors[worst] = "tab:orange"
+    colors = ["tab:red" if m.failed else "tab:blue" for m in ms]
     positions = list(range(len(ms)))
-    errors = None
-    if any(m.spread is not None and m.spread.n > 1 for m in ms):
-        errors = [
-            [max(0.0, (m.value - m.spread.min) / factor) if m.spread else 0.0 for m in ms],
-            [max(0.0, (m.spread.max - m.value) / factor) if m.spread else 0.0 for m in ms],
-        ]
-    ax.bar(positions, values, width=0.6, color=colors, yerr=errors, capsize=3)
-    if len(ms) < 4:
-        ax.set_xlim(-1.5, len(ms) + 0.5)
-    if worst is not None and math.isfinite(values[worst]):
-        ax.annotate("slowest", (worst, values[worst]), ha="center", va="bottom", fontsize=8, color="tab:red")
-    ax.set_xticks(positions)
-    ax.set_xticklabels(
-        names, rotation=45 if len(ms) > 6 or max(map(len, names)) > 12 else 0, ha="right", fontsize=7
-    )
+    labelled = _outliers(ms)
+    if len(ms) <= BAR_LIMIT:
+        ax.bar(positions, values, width=0.6, color=colors)
+        if len(ms) < 4:
+            ax.set_xlim(-1.5, len(ms) + 0.5)
+        ax.set_xticks(positions)
+        ax.set_xticklabels(
+            names, rotation=45 if len(ms) > 6 or max(map(len, names)) > 12 else 0, ha="right", fontsize=7
+        )
+    else:
+        ax.scatter(positions, values, c=colors, s=[30 if m.failed else 4 for m in ms])
+        ax.set_xlabel(f"{len(ms)} values, sorted worst first")
+        for i in labelled:
+            ax.annotate(
+                names[i],
+                (i, values[i]),
+                xytext=(8, -10 if direction == "higher" else 10),
+                textcoords="offset points",
+                fontsize=7,
+                color="tab:red" if ms[i].failed else "black",
+                arrowprops={"arrowstyle": "-", "lw": 0.5},
+            )
     thresholds = {m.threshold for m in ms if m.threshold is not None}
     if len(thresholds) == 1:
         t = thresholds.pop()
@@ -268,20 +283,24 @@ def _draw_bars(ax: Any, g: _Group, factor: float) -> str:
             t / factor, color="black", linestyle="--", linewidth=1, label=f"threshold ({ms[0].comparison})"
         )
         ax.legend(fontsize=7, loc="best")
-    caption = f"{len(ms)} values"
-    if worst is not None:
-        better = "higher" if direction == "higher" else "lower"
-        caption += f"; slowest (orange/red): {names[worst]} ({better} is better)"
+    failed = sum(m.failed for m in ms)
+    caption = f"{len(ms)} values" + (f", {failed} failing (red)" if failed else "")
+    if labelled:
+        caption += "; outliers: " + "; ".join(f"{names[i]} {values[i]:.4g}" for i in labelled)
+    if direction is not None:
+        caption += f" ({direction} is better)"
     return caption
 
 
 def _draw_series(ax: Any, g: _Group, factor: float) -> str:
-    """One line per node, pair or group over the window; samples below the threshold marked."""
+    """One line per node, pair or group over the window (the lowest `OUTLIER_LINES`); samples below
+    the threshold marked."""
     below = 0
-    for m in sorted(g.members, key=lambda m: _label_text(m.labels)):
+    members = sorted(g.members, key=lambda m: min(m.spread.values) if m.spread and m.spread.values else 0.0)
+    for m in members[:OUTLIER_LINES]:
         assert m.spread is not None
         who = {k: v for k, v in m.labels.items() if k in LINE_LABELS}
-        name = _label_text(who) or m.metric
+        name = label_text(who) or m.metric
         (line,) = ax.plot(m.spread.times, [v / factor for v in m.spread.values], linewidth=1, label=name)
         if m.threshold is not None and m.comparison == ">=":
             low = [(t, v) for t, v in zip(m.spread.times, m.spread.values, strict=True) if v < m.threshold]
@@ -294,7 +313,8 @@ def _draw_series(ax: Any, g: _Group, factor: float) -> str:
     ax.set_xlabel("seconds into the soak")
     ax.legend(fontsize=7, loc="best")
     lines = len(g.members)
-    return f"{lines} series over time" + (
+    shown = "" if lines <= OUTLIER_LINES else f" (the {OUTLIER_LINES} lowest drawn)"
+    return f"{lines} series over time{shown}" + (
         f"; {below} samples below the floor (red x, floor dashed)" if below else ""
     )
 

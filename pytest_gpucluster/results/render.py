@@ -184,7 +184,7 @@ def _findings(findings: Sequence[Finding], logs: str | None, limit: int) -> str:
         link = f" <a href='{e(logs)}'>job logs</a>" if logs else ""
         raw = (
             f"<details><summary>{e(f.why)}</summary><pre>{e(f.message)}</pre>"
-            f"test: <code>{e(f.test_id)}</code>{link}</details>"
+            f"<div>test: <code>{e(f.test_id)}</code>{link}</div></details>"
         )
         body.append(f"<tr class='{e(f.reason.replace(' ', '-'))}'>{cells}<td>{raw}</td></tr>")
     more = (

@@ -17,6 +17,7 @@ from typing import Any
 
 from pytest_gpucluster.burnin.drain import DRAINING_ACTIONS, SUSPECTS_FILE, write_findings
 from pytest_gpucluster.results.baseline import BaselineComparison, GateMode, RunResults, compare_runs
+from pytest_gpucluster.results.chart_groups import uncharted_rows
 from pytest_gpucluster.results.comparison_text import (
     COMPARISON_HEADER,
     comparison_head,
@@ -166,6 +167,12 @@ def _blocks(
     elif not plots:
         blocks.append(("p", "Nothing to plot: no metric has a size, rank, host or node series."))
     blocks += [("plot", plot) for plot in plots]
+    cells = uncharted_rows(run.measurements)
+    if cells:
+        blocks += [
+            ("h2", "Values not charted: booleans, single values, per-port counters (one row per metric)"),
+            ("cells", ("metric", "values", "median / value", "range", "failed"), cells),
+        ]
     blocks.append(("h2", "Measurements"))
     if run.measurements:
         header = ("verdict", "metric", "measured", "threshold")
@@ -216,13 +223,14 @@ def _write_atomic(path: Path, data: str | bytes) -> None:
 
 
 def write_reports(
-    run: RunResults, out_dir: Path, comparison: BaselineComparison | None = None
+    run: RunResults, out_dir: Path, comparison: BaselineComparison | None = None, *, charts: bool = True
 ) -> ReportFiles:
-    """Write report.md, report.html, summary.csv and plots/*.png into ``out_dir``."""
+    """Write report.md, report.html, summary.csv and plots/*.png into ``out_dir`` (``charts=False``:
+    no plots, the report says so)."""
     if comparison is None and run.baseline:
         comparison = BaselineComparison.from_json(run.baseline)
     out_dir.mkdir(parents=True, exist_ok=True)
-    note = unavailable()
+    note = unavailable() if charts else "charts were not asked for"
     old_values = (
         {c.key: c.old for c in comparison.changes if c.basis in ("same point", "per host")}
         if comparison is not None

@@ -71,7 +71,9 @@ def verdict_of(
         return Verdict(False, "NO RESULTS: nothing was measured", "")
     if not bad:
         return Verdict(
-            True, f"FIT: {nodes} node(s), every area judged passed ({tests or f'{measured} values'})", ""
+            True,
+            f"FIT: {tests or 'every measured value passed'}",
+            f"{nodes} node(s): every area that ran passed; no finding ({measured} values measured).",
         )
     actions: dict[str, str] = {}
     for f in sorted(findings, key=lambda f: -f.rank):

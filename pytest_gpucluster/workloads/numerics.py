@@ -15,8 +15,8 @@ repeats (``checks/numerics.py``). On a GPU the run is made deterministic first, 
 documents its bit-wise reproducibility (same architecture and SM count, a fixed workspace
 configuration, no atomics): ``CUBLAS_WORKSPACE_CONFIG`` (set by the launch, ``plans/numerics.py``;
 set here too if missing, which works only if no cuBLAS handle exists yet) and
-``torch.use_deterministic_algorithms(True)``, restored afterwards with TF32 and the float32 matmul
-precision, since other parts of a shared job run in the same process.
+``torch.use_deterministic_algorithms(True)``, restored afterwards with cuBLAS's TF32 switch, since
+other parts of a shared job run in the same process.
 
 Options (``plans/numerics.py`` writes them): ``dtypes`` (None: the device's), ``seeds``,
 ``duration_s``, ``min_repeats``, ``matmul_n``, ``depth``, ``known_answer_k``, ``threads`` (CPU), and
@@ -43,6 +43,8 @@ __all__ = ["CUBLAS_WORKSPACE", "run"]
 CUBLAS_WORKSPACE = ":4096:8"
 """The workspace configuration cuBLAS's reproducibility section names (cuBLAS docs, "Results
 reproducibility"; torch's "Reproducibility" notes ask for ``:4096:8`` or ``:16:8``)."""
+_PROGRESS_S = 30.0
+"""Rank 0 says how far a dtype has got this often."""
 _KEPT_RATES = 100
 """Rates kept per dtype in the rank's record (evenly spaced): enough to draw the spread."""
 
@@ -89,14 +91,18 @@ def _gpu_label(torch: Any, ctx: RankContext, dev: Any) -> str | None:
 
 
 class _Determinism:
-    """Deterministic algorithms and the float32 matmul precision for one dtype, restored on exit."""
+    """Deterministic algorithms and cuBLAS's TF32 switch for one dtype, restored on exit.
+
+    Only one of torch's two TF32 APIs is touched: torch 2.9+ raises once both have been used
+    (``fp32_precision`` where it exists, else the legacy ``allow_tf32``)."""
 
     def __init__(self, torch: Any, is_cuda: bool) -> None:
         self.torch, self.is_cuda = torch, is_cuda
+        self.matmul = torch.backends.cuda.matmul
+        self.new_api = hasattr(self.matmul, "fp32_precision")
         self.saved = (
             torch.are_deterministic_algorithms_enabled(),
-            torch.get_float32_matmul_precision(),
-            torch.backends.cuda.matmul.allow_tf32,
+            self.matmul.fp32_precision if self.new_api else self.matmul.allow_tf32,
         )
 
     def start(self) -> None:
@@ -106,14 +112,18 @@ class _Determinism:
 
     def precision(self, dtype: str) -> None:
         tf32 = dtype == "tf32"
-        self.torch.set_float32_matmul_precision("high" if tf32 else "highest")
-        self.torch.backends.cuda.matmul.allow_tf32 = tf32
+        if self.new_api:
+            self.matmul.fp32_precision = "tf32" if tf32 else "ieee"
+        else:
+            self.matmul.allow_tf32 = tf32
 
     def restore(self) -> None:
-        det, precision, tf32 = self.saved
-        self.torch.use_deterministic_algorithms(det)
-        self.torch.set_float32_matmul_precision(precision)
-        self.torch.backends.cuda.matmul.allow_tf32 = tf32
+        deterministic, tf32 = self.saved
+        self.torch.use_deterministic_algorithms(deterministic)
+        if self.new_api:
+            self.matmul.fp32_precision = tf32
+        else:
+            self.matmul.allow_tf32 = tf32
 
 
 def _rates_summary(rates: list[float]) -> dict[str, Any]:
@@ -144,9 +154,16 @@ def _one_dtype(
     first_change: dict[str, int] = {}
     rates: list[float] = []
     flops = depth * 2.0 * n**3
-    until = time.monotonic() + budget_s
+    started = time.monotonic()
+    until, said = started + budget_s, started
     repeat = 0
     while repeat < min_repeats or time.monotonic() < until:
+        if time.monotonic() - said >= _PROGRESS_S:  # a burn-in's minutes are not silent
+            said = time.monotonic()
+            ctx.progress(
+                f"numerics {spec.name}: {repeat} repeats, {said - started:.0f} of {budget_s:.0f} s, "
+                f"{statistics.median(rates) / 1e12:.4g} TFLOP/s so far"
+            )
         for seed in seeds:
             start = time.perf_counter()
             out, sums = nc.chain(torch, spec, *inputs[seed], depth, ctx.device)
@@ -216,7 +233,10 @@ def run(ctx: RankContext) -> dict[str, Any]:
             try:
                 result["dtypes"][name] = _one_dtype(torch, ctx, nc.DTYPES[name], budget, here)
             except (RuntimeError, NotImplementedError, TypeError) as exc:
-                # a kernel this torch or device lacks (fp8 on some builds): said, not fatal
+                if name != "fp8":
+                    raise  # a GEMM every part has failed: the rank fails, naming it
+                # torch._scaled_mm is private and changed its signature across releases; a build
+                # or part without it is said, not fatal
                 skipped[name] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
                 continue
             if here is not None:

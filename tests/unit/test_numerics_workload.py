@@ -107,5 +107,25 @@ def test_the_workload_runs_every_dtype_on_the_cpu_seam_and_the_injected_flip_sho
     assert len(hit["dtypes"]["fp16"]["digests"]["1"]) == 2  # the flipped run, then the right one
     assert hit["dtypes"]["fp16"]["digests"]["2"] == clean["dtypes"]["fp16"]["digests"]["2"]
     # the determinism settings are restored for the parts that share the process
-    assert torch.get_float32_matmul_precision() == "highest"
+    assert torch.backends.cuda.matmul.fp32_precision == "none"
+    assert torch.get_float32_matmul_precision() == "highest"  # raises where both TF32 APIs were used
     assert clean["platform"]["key"] == hit["platform"]["key"]
+
+
+def test_an_fp8_kernel_this_torch_lacks_is_skipped_saying_why_but_any_other_failure_fails(
+    tmp_path: Path, monkeypatch
+) -> None:
+    real = nc.chain
+
+    def broken(torch_, spec, *args):
+        if spec.name in ("fp8", "bf16"):
+            raise RuntimeError(f"no {spec.name} kernel for you")
+        return real(torch_, spec, *args)
+
+    monkeypatch.setattr(nc, "chain", broken)
+    options = {"dtypes": ["fp32", "fp8"], "seeds": [1], "duration_s": 0.0, "matmul_n": 32}
+    done = numerics.run(_ctx(tmp_path, 0, **options))
+    assert list(done["dtypes"]) == ["fp32"]
+    assert done["skipped"] == {"fp8": "RuntimeError: no fp8 kernel for you"}
+    with pytest.raises(RuntimeError, match="no bf16 kernel"):
+        numerics.run(_ctx(tmp_path, 0, **{**options, "dtypes": ["bf16"]}))

@@ -15,6 +15,8 @@ DEVICES = {d.key: d for d in load_devices()}
 def _value(model, key):
     if key == "collectives.checks[0].min_busbw":
         return model.collectives.checks[0].min_busbw
+    if key.startswith("numerics.min_flops."):
+        return model.numerics.min_flops.get(key.rpartition(".")[2])
     section, field = key.split(".")
     return getattr(getattr(model, section), field)
 
@@ -40,6 +42,11 @@ def test_a_part_profile_states_its_parts_figures_and_derived_floors(key):
     burnin = {f"burnin.{k}" for k in ("min_matmul", "min_memory_bandwidth", "min_h2d_bandwidth")}
     assert {k for k in burnin if _value(model, k) is not None} == derived & burnin
     assert len(model.collectives.checks) == (1 if switched else 0)
+    # a numerics floor for every dtype the part has a dense peak for, and none other
+    assert {f"numerics.min_flops.{d}" for d in model.numerics.min_flops} == {
+        k for k in derived if k.startswith("numerics.")
+    }
+    assert set(model.numerics.min_flops) == {dtype for dtype, _ in device.dense_flops}
 
 
 @pytest.mark.parametrize("key", sorted(DEVICES))

@@ -105,13 +105,15 @@ def test_grouping_curves_by_size_bars_by_rank_and_sft_always():
     one_size = m("nvlink.busbw", 5 * GB, size_bytes=2**24)
     groups = group_measurements([*sweep(), *sweep("inter-node"), *ranks(), *sft(), single, one_size])
     kinds = [(g.kind, g.metric, g.scope, g.axis, len(g.members)) for g in groups]
-    assert kinds == [
-        ("curve", "collectives.all_reduce.busbw", "inter-node", "size_bytes", 6),
-        ("curve", "collectives.all_reduce.busbw", "intra-node", "size_bytes", 6),
-        ("bars", "burnin.rank_busbw", "intra-node", "rank", 4),
-        ("bars", "sft.step_time", None, "", 1),
-        ("curve", "scaling.efficiency", None, "nodes", 2),
-    ]  # a lone value (inventory.nodes) and a one-point "curve" (nvlink.busbw) are table rows only
+    assert (
+        kinds
+        == [
+            ("curve", "collectives.all_reduce.busbw", "inter-node", "size_bytes", 6),
+            ("curve", "collectives.all_reduce.busbw", "intra-node", "size_bytes", 6),
+            ("bars", "burnin.rank_busbw", "intra-node", "rank", 4),
+            ("curve", "scaling.efficiency", None, "nodes", 2),
+        ]
+    )  # a lone value (inventory.nodes, sft.step_time) and a one-point "curve" (nvlink.busbw) are table rows only
 
 
 def test_reports_hold_plots_tables_and_three_separate_failure_kinds(tmp_path):
@@ -125,8 +127,9 @@ def test_reports_hold_plots_tables_and_three_separate_failure_kinds(tmp_path):
     assert files.note is None
     page = files.html.read_text()
     images = page.count("<img alt=")
-    assert images == len(files.plots) == 4
-    assert page.count('src="data:image/png;base64,') == 4
+    assert images == len(files.plots) == 3  # sft.step_time, one value, is a table cell
+    assert page.count('src="data:image/png;base64,') == 3
+    assert "<td>sft.step_time</td><td>1</td><td>500 ms</td>" in page
     first = page.split('src="data:image/png;base64,', 1)[1].split('"', 1)[0]
     assert base64.b64decode(first).startswith(PNG_MAGIC)
     assert "<link" not in page and "<script" not in page  # self-contained
