@@ -147,7 +147,6 @@ OWNERS: dict[str, _Owners] = {
     "fabric.max_retransmits_per_gb": _fixed(Owner("test_fabric.py", "test_fabric_after")),
     "fabric.max_drop_increase": _fixed(Owner("test_fabric.py", "test_fabric_after")),
     "numerics.min_flops": _fixed(Owner("test_numerics.py", "test_numerics_throughput")),
-    "numerics.min_peak_fraction": _fixed(Owner("test_numerics.py", "test_numerics_throughput")),
 }
 """Each threshold key of the schema (list indices written ``[]``) and the tests that judge it. A
 schema key named ``min_*``/``max_*`` is either here or in :data:`NOT_THRESHOLDS` (a unit test keeps
@@ -235,8 +234,6 @@ def profile_thresholds(model: ProfileModel) -> list[ProfileThreshold]:
             continue
         if _pattern(path) in ONLY_WHERE_WRITTEN and not _written(model, path):
             continue
-        if path[:2] == ("numerics", "min_peak_fraction") and path[2] in model.numerics.min_flops:
-            continue  # min_flops wins for that dtype (plans/numerics.dtype_floors)
         name = str(path[-1])
         comparison = "<=" if name.startswith("max_") else ">="
         out.append(

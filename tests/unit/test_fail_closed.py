@@ -135,14 +135,11 @@ def test_a_skip_with_its_reason_excuses_and_a_failed_test_does_not():
     assert coverage(CPU, [], []).to_json()["not_run"][0] == "collectives.checks[0].min_busbw"
 
 
-def test_per_dtype_floors_are_thresholds_each_and_min_flops_wins_over_the_peak_fraction():
-    numerics = CPU.numerics.model_copy(
-        update={"min_flops": {"bf16": 1e9}, "min_peak_fraction": {"bf16": 0.5, "fp32": 0.4}}
-    )
+def test_per_dtype_floors_are_thresholds_each():
+    numerics = CPU.numerics.model_copy(update={"min_flops": {"bf16": 1e9, "fp32": 2e9}})
     model = CPU.model_copy(update={"numerics": numerics})
     found = {t.ref.key: t for t in profile_thresholds(model)}
-    assert "numerics.min_flops.bf16" in found and "numerics.min_peak_fraction.fp32" in found
-    assert "numerics.min_peak_fraction.bf16" not in found  # min_flops judges bf16
+    assert found["numerics.min_flops.bf16"].value == 1e9 and "numerics.min_flops.fp32" in found
     assert found["numerics.min_flops.bf16"].unit == "FLOP/s"
     assert [str(o) for o in found["numerics.min_flops.bf16"].owners] == [
         "test_numerics.py::test_numerics_throughput"
