@@ -25,6 +25,7 @@ and run only with ``--gpucluster-drain``. The self-test's injected straggler is 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from pytest_gpucluster.burnin.pairwise import localize
 from pytest_gpucluster.burnin.runner import ClusterPairRunner
 from pytest_gpucluster.burnin.stragglers import Sample, find_stragglers, sweep_samples, worst_per_host
 from pytest_gpucluster.checks.burnin import health, peers
-from pytest_gpucluster.errors import GpuClusterError
+from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning
 from pytest_gpucluster.fixtures import job_part, run_with_deadline
 from pytest_gpucluster.harness import Part, PartRun
 from pytest_gpucluster.inputs import read_texts
@@ -181,7 +182,10 @@ def test_counters_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: A
         )
     grown = health.counter_increases(before, after)
     corrected = health.corrected_checks(before, after, hw.burnin, hw.name)
-    checks = [peers.counter_check(grown), *corrected, *health.xid_readability_checks(before, after)]
+    xids = health.xid_readability_checks(before, after, require=hw.burnin.require_xid_source, profile=hw.name)
+    for warning in health.xid_warnings(xids):  # a permission is not a sick node (burnin.require_xid_source)
+        warnings.warn(GpuClusterWarning(warning), stacklevel=1)
+    checks = [peers.counter_check(grown), *corrected, *xids]
     judge(checks, [*grown, *(health.suspect_of(c) for c in corrected if c.failed and c.measured)])
 
 

@@ -92,6 +92,12 @@ class BurninSection(Section):
     min_pcie_gen: int | None = Field(None, ge=1, description="Current PCIe link generation per GPU.")
     min_pcie_width: int | None = Field(None, ge=1, description="Current PCIe link width (lanes) per GPU.")
     max_retired_pages: int | None = Field(None, ge=0, description="Retired pages / remapped rows per GPU.")
+    require_xid_source: bool = Field(
+        False,
+        description="Fail a node whose XID events no source could read (kernel log, NVML, DCGM). Default: "
+        "a warning with the one-line fix (group membership or kernel.dmesg_restrict), never a failure for "
+        "the permission alone.",
+    )
     max_corrected_ecc_per_hour: float | None = Field(
         None,
         ge=0,

@@ -36,6 +36,7 @@ pynvml only. The node's NVML readings, XID events and versions are read by ``_no
 
 from __future__ import annotations
 
+import getpass
 import os
 import statistics
 import time
@@ -173,6 +174,7 @@ def counters(ctx: RankContext) -> dict[str, Any]:
 
     result: dict[str, Any] = {
         "rank": ctx.rank, "host": ctx.host, "local_rank": ctx.local_rank, "taken_at": time.time(),
+        "user": getpass.getuser(),
     }  # fmt: skip
     if not ctx.is_cuda:
         why = f"{ctx.host} has no CUDA device, so there are no ECC or XID counters to read"

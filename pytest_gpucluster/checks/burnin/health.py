@@ -8,7 +8,9 @@ and into the ECC/XID counter increases between two readings. A check that fails 
 
 XID events that a node's logs do not let the rank read are never taken for "no XID":
 :func:`xid_readability_checks` records, per node, where they were read or why they could not
-be, as a check that does not pass (not measured) in the second case.
+be. A node with no readable source is a warning with the one-line fix (:func:`xid_fix`), not a
+failure — a permission is not a sick node — unless the profile sets ``burnin.require_xid_source``,
+where it fails as not measured.
 
 Pure: no torch, no pytest.
 """
@@ -39,7 +41,9 @@ __all__ = [
     "skip_reasons",
     "skip_sentence",
     "suspect_of",
+    "xid_fix",
     "xid_readability_checks",
+    "xid_warnings",
 ]
 
 _EXPECTED = {">=": "at least", "<=": "at most", "==": "exactly"}
@@ -344,11 +348,32 @@ def _xid_state(values: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str | Non
     return out
 
 
+def xid_fix(user: str | None) -> str:
+    """The one line that lets ``user`` read XID events without root: the kernel log's groups
+    (``journalctl -k`` needs ``systemd-journal`` or ``adm``, ``/var/log/kern.log`` is ``root:adm``)
+    or, for ``dmesg``, the sysctl (Debian, Ubuntu and Fedora kernels set ``kernel.dmesg_restrict=1``)."""
+    who = user or "<the test user>"
+    return (
+        f"sudo usermod -aG adm,systemd-journal {who}  (or: sudo sysctl -w kernel.dmesg_restrict=0; "
+        "or run a DCGM host engine, or install nvidia-ml-py so NVML's XID events are listened to)"
+    )
+
+
+def _user(values: Sequence[Mapping[str, Any]], host: str) -> str | None:
+    return next((str(v["user"]) for v in values if str(v.get("host")) == host and v.get("user")), None)
+
+
 def xid_readability_checks(
-    before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]
+    before: Sequence[Mapping[str, Any]],
+    after: Sequence[Mapping[str, Any]],
+    *,
+    require: bool = False,
+    profile: str = "",
 ) -> list[Check]:
     """Per node, whether both readings could read its XID events: 1 (where from) or, when either
-    could not, a check with no value whose hint says why (not a pass: no XID may have been missed)."""
+    could not, a check with no value whose hint says why and the one-line fix. Recorded (no
+    threshold: the test warns) unless ``require`` (``burnin.require_xid_source``): then it fails
+    as not measured."""
     was, now = _xid_state(before), _xid_state(after)
     out = []
     for host in sorted(set(was) | set(now)):
@@ -356,12 +381,26 @@ def xid_readability_checks(
         why = "; ".join(dict.fromkeys(w for _, w in readings if w))
         if len(readings) < 2 and not why:
             why = f"{host} answered only one of the two readings"
-        value = math.nan if why else 1.0
-        hint = (
-            f"XID events of {host} could not be checked: {why}. Give the test user read access to the kernel log "
-            "(the adm or systemd-journal group, or kernel.dmesg_restrict=0), or run the counters as root."
-            if why
-            else f"XID events of {host} read from {readings[0][0]} before and after the run."
-        )
-        out.append(Check("burnin.xid_readable", value, "bool", 1.0, "==", labels={"host": host}, hint=hint))
+        if not why:
+            sources = " and ".join(dict.fromkeys(s for s, _ in readings if s))
+            hint = f"XID events of {host} read from {sources} before and after the run."
+            out.append(Check("burnin.xid_readable", 1.0, "bool", 1.0, "==", labels={"host": host}, hint=hint))
+            continue
+        fix = xid_fix(_user([*before, *after], host))
+        hint = f"XID events of {host} could not be checked: {why}. Fix: {fix}."
+        if require:
+            ref = ThresholdRef(profile or "profile", ("burnin", "require_xid_source"))
+            out.append(
+                Check(
+                    "burnin.xid_readable", math.nan, "bool", 1.0, "==", ref, labels={"host": host}, hint=hint
+                )
+            )
+        else:
+            out.append(Check("burnin.xid_readable", math.nan, "bool", labels={"host": host}, hint=hint))
     return out
+
+
+def xid_warnings(checks: Sequence[Check]) -> list[str]:
+    """The warning each node whose XIDs went unread gets (the checks of `xid_readability_checks`
+    that record no value and do not fail: ``burnin.require_xid_source`` is off)."""
+    return [c.hint for c in checks if c.metric == "burnin.xid_readable" and not c.measured and not c.failed]
