@@ -55,7 +55,8 @@ LAG = "time outside the all_reduce per iteration"
 @job_part
 def health_job(session: GpuClusterSession, params: Mapping[str, Any]) -> Part:
     """One health job on every node at once (the intra-node phase of the localization, too)."""
-    return plans.health_part(session.available_nodes, session.settings)
+    load_s = session.profile.model.burnin.load_duration
+    return plans.health_part(session.available_nodes, session.settings, load_s)
 
 
 @job_part

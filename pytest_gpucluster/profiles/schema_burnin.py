@@ -92,6 +92,14 @@ class BurninSection(Section):
     min_pcie_gen: int | None = Field(None, ge=1, description="Current PCIe link generation per GPU.")
     min_pcie_width: int | None = Field(None, ge=1, description="Current PCIe link width (lanes) per GPU.")
     max_retired_pages: int | None = Field(None, ge=0, description="Retired pages / remapped rows per GPU.")
+    load_duration: Duration = Field(
+        5.0,
+        gt=0,
+        description="How long the health job loads each GPU (bf16 matmul after the benchmarks) while "
+        "temperature, power, clocks and clock reasons are sampled; the ceilings (max_temperature, "
+        "max_power, forbidden_throttle_reasons) are judged on the sustained part, the last half. "
+        "Minutes on a real burn-in (a weak cooler shows after a minute or more), seconds on cpu-local.",
+    )
     require_xid_source: bool = Field(
         False,
         description="Fail a node whose XID events no source could read (kernel log, NVML, DCGM). Default: "

@@ -108,7 +108,8 @@ def threshold_lines(thresholds: Mapping[str, Any] | None) -> list[str]:
         lines.append(f"thresholds not judged, their tests skipped: {len(excused)}")
         lines += [f"  {e['key']}: {e['why']}" for e in excused]
     not_run = thresholds.get("not_run") or []
-    if not_run:
+    judged = thresholds.get("measured") or excused or thresholds.get("not_measured")
+    if not_run and judged:  # none of the suite ran: nothing to say
         shown = ", ".join(not_run[:8]) + (f" and {len(not_run) - 8} more" if len(not_run) > 8 else "")
         lines.append(f"thresholds not run in this selection: {len(not_run)} ({shown})")
     missing = thresholds.get("not_measured") or []
