@@ -76,7 +76,11 @@ def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
 def burnin_suspects(gpucluster_session: Any) -> Iterator[SuspectLog]:
     suspects = SuspectLog(gpucluster_session.results_dir)
     yield suspects
-    suspects.finish(gpucluster_session.progress or print, drain=gpucluster_session.settings.drain)
+    settings = gpucluster_session.settings
+    # with --gpucluster-retest-suspects the drain waits for the retest, which confirms or clears
+    suspects.finish(
+        gpucluster_session.progress or print, drain=settings.drain and not settings.retest_suspects
+    )
 
 
 @pytest.fixture

@@ -37,6 +37,7 @@ from pytest_gpucluster.burnin.pairwise import localize
 from pytest_gpucluster.burnin.runner import ClusterPairRunner
 from pytest_gpucluster.burnin.stragglers import Sample, find_stragglers, sweep_samples, worst_per_host
 from pytest_gpucluster.checks.burnin import health, peers
+from pytest_gpucluster.checks.ceilings import broken_above, memory_ceiling
 from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning
 from pytest_gpucluster.fixtures import job_part, run_with_deadline
 from pytest_gpucluster.harness import Part, PartRun
@@ -92,6 +93,7 @@ def test_rank_health_cpu(health_job: PartRun, hw: Any, judge: Any, rerun_part: A
 def test_gpu_health(health_job: PartRun, hw: Any, judge: Any) -> None:
     """Each GPU's matmul, memory and host-to-device bandwidth and NVML readings."""
     checks = health.gpu_checks(health_job.values, hw.burnin, hw.name)
+    checks = broken_above(checks, memory_ceiling(hw), "burnin.gpu_memory_bandwidth")
     if not checks:
         pytest.skip(health.skip_sentence(health_job.values, "gpu", "nvml") or "no GPU reading came back")
     judge(checks, [health.suspect_of(c) for c in checks if c.failed and c.measured])

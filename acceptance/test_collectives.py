@@ -44,6 +44,7 @@ from typing import Any
 
 import pytest
 
+from pytest_gpucluster.checks.ceilings import broken_above, collective_ceiling
 from pytest_gpucluster.checks.collectives import (
     Case,
     CollectiveData,
@@ -109,7 +110,9 @@ def test_collective(
     rerun_part: Any,
 ) -> None:
     """busbw and time per size of one collective on one scope; the profile's checks gated."""
-    nodes, reason = scope_nodes(case.scope, gpucluster_session.available_nodes)
+    nodes, reason = scope_nodes(
+        case.scope, gpucluster_session.available_nodes, gpucluster_session.ranks_per_node
+    )
     if collective_sweep is None:
         pytest.skip(reason or "nothing to sweep")
     data = collect(collective_sweep.values)[case.collective]
@@ -126,7 +129,8 @@ def test_collective(
         return collective_checks(case, fresh, **judged, origin=_origin(run), partial=not whole)
 
     checks = collective_checks(case, data, **judged, origin=_origin(collective_sweep))
-    results.check_all(checks, remeasure=again)
+    ceiling = collective_ceiling(hw, case.collective, case.scope, env)
+    results.check_all(broken_above(checks, ceiling, f"collectives.{case.collective}.busbw*"), remeasure=again)
 
 
 @pytest.fixture
@@ -142,7 +146,9 @@ def nccl_tests(
         )
     if hw.cluster.device != "cuda":
         pytest.skip(f"nccl-tests needs CUDA GPUs; profile {hw.name} is a CPU profile")
-    nodes, reason = scope_nodes(nccl_case.scope, gpucluster_session.available_nodes)
+    nodes, reason = scope_nodes(
+        nccl_case.scope, gpucluster_session.available_nodes, gpucluster_session.ranks_per_node
+    )
     if reason:
         pytest.skip(reason)
     try:
@@ -182,4 +188,5 @@ def test_nccl_tests(
     checks = collective_checks(
         nccl_case, data, profile=hw.name, nodes=nodes, dtype=dtype, origin=origin, tool="nccl-tests", env=env
     )
-    results.check_all(checks)
+    ceiling = collective_ceiling(hw, nccl_case.collective, nccl_case.scope, env)
+    results.check_all(broken_above(checks, ceiling, f"collectives.{nccl_case.collective}.busbw*"))

@@ -21,7 +21,12 @@ machine; the load averages say how quiet it was.
 With ``--fleet K`` the baseline is the fleet of the first K runs (``gpucluster baseline merge``),
 and the runs after them are gated against it (K=1: the first run alone, the default).
 
-    python benchmarks/gate_noise.py [--runs 5] [--fleet 1] [--quota-cpus 0.67] [--keep DIR] [-- pytest arguments]
+With ``--history N`` every run appends to one history store (``--gpucluster-history``), and each
+run after the first N is gated with ``--baseline history:N``: per value the median of the last N
+healthy runs before it, as a user who keeps a history gates every run (a rolling baseline). The
+per-metric margins are taken against the baseline each run was gated with.
+
+    python benchmarks/gate_noise.py [--runs 5] [--fleet 1 | --history N] [--quota-cpus 0.67] [--keep DIR] [-- pytest arguments]
 """
 
 from __future__ import annotations
@@ -70,13 +75,20 @@ class Run:
 
 
 def run_suite(
-    name: str, out: Path, pytest_args: Sequence[str], baseline: Path | None, quota: float | None
+    name: str,
+    out: Path,
+    pytest_args: Sequence[str],
+    baseline: Path | str | None,
+    quota: float | None,
+    history: Path | None = None,
 ) -> Run:
     results = out / name
     argv = [sys.executable, "-m", "pytest", "acceptance/", "-q", "-p", "no:cacheprovider"]
     argv += [f"--results-dir={results}", *pytest_args]
     if baseline is not None:
         argv.append(f"--baseline={baseline}")
+    if history is not None:
+        argv.append(f"--gpucluster-history={history}")
     if quota is not None:
         argv = [sys.executable, "-m", "pytest_gpucluster.testbed.cpu_quota", f"--cpus={quota}", "--", *argv]
     env = {
@@ -124,16 +136,20 @@ def margins(baseline: RunResults, run: RunResults) -> dict[str, list[float]]:
     return out
 
 
-def calibration_lines(baseline: RunResults, healthy: Sequence[Run], slowed: Sequence[Run]) -> list[str]:
+def calibration_lines(
+    healthy: Sequence[tuple[RunResults, Run]], slowed: Sequence[tuple[RunResults, Run]]
+) -> list[str]:
+    """Per gated metric, the worst margin of the healthy runs and the least of the slowed ones,
+    each against the baseline it was gated with."""
     noise: dict[str, list[float]] = defaultdict(list)
     drop: dict[str, list[float]] = defaultdict(list)
-    for run in healthy:
+    for baseline, run in healthy:
         for metric, values in margins(baseline, run.results).items():
             noise[metric] += values
-    for run in slowed:
+    for baseline, run in slowed:
         for metric, values in margins(baseline, run.results).items():
             drop[metric] += values
-    tolerances, _ = settings_of(healthy[0].results if healthy else baseline)
+    tolerances, _ = settings_of((healthy or slowed)[0][1].results)
 
     def pct(value: float | None) -> str:
         return "-" if value is None else ("inf" if math.isinf(value) else f"{value * 100:+.0f}%")
@@ -149,40 +165,77 @@ def calibration_lines(baseline: RunResults, healthy: Sequence[Run], slowed: Sequ
     return lines
 
 
+def history_baselines(db: Path, last: int, runs: Sequence[Run]) -> list[RunResults]:
+    """The baseline each run was gated with: the store's history:N as it was before the run."""
+    from pytest_gpucluster.results.history.baseline import history_baseline
+    from pytest_gpucluster.results.history.store import HistoryStore
+
+    out = []
+    with HistoryStore.open(db, create=False) as store:
+        stored = {r.started_at: r.id for r in store.runs()}
+        for run in runs:
+            before = stored[run.results.started_at]
+            profile = run.results.profile.get("name")
+            out.append(history_baseline(store, last, profile=profile, before=before).results)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--runs", type=int, default=5, help="healthy runs, the first --fleet of them the baseline"
+        "--runs",
+        type=int,
+        default=5,
+        help="healthy runs, the first --fleet (or --history) of them the baseline",
     )
     parser.add_argument("--fleet", type=int, default=1, help="how many first runs make the baseline (merged)")
+    parser.add_argument(
+        "--history",
+        type=int,
+        default=None,
+        metavar="N",
+        help="every run appends to a history store; runs after the first N are gated with --baseline history:N",
+    )
     parser.add_argument("--quota-cpus", type=float, default=2 / 3, help="CPUs the slowed run's ranks share")
     parser.add_argument("--no-slowdown", action="store_true", help="skip the slowed run")
     parser.add_argument("--keep", type=Path, help="keep every run's results and log in this directory")
     parser.add_argument("pytest_args", nargs="*", help="passed to pytest (put them after --)")
     args = parser.parse_args(argv)
-    if not 1 <= args.fleet < args.runs:
-        parser.error("--runs must exceed --fleet (>= 1): a baseline and at least one run against it")
+    first = args.history if args.history is not None else args.fleet
+    if args.history is not None and args.fleet != 1:
+        parser.error("--history and --fleet are two ways to make the baseline: give one")
+    if not 1 <= first < args.runs:
+        parser.error(
+            "--runs must exceed --fleet/--history (>= 1): a baseline and at least one run against it"
+        )
     out = args.keep or Path(tempfile.mkdtemp(prefix="gpucluster-gate-noise-"))
     out.mkdir(parents=True, exist_ok=True)
+    db = (out / "history.db").resolve() if args.history is not None else None
     try:
         bases = []
-        for index in range(1, args.fleet + 1):
-            bases.append(run_suite(f"run{index}", out, args.pytest_args, None, None))
+        for index in range(1, first + 1):
+            bases.append(run_suite(f"run{index}", out, args.pytest_args, None, None, db))
             print(describe(bases[-1]), flush=True)
-        baseline_file = out / "run1" / "results.json"
-        if args.fleet > 1:
+        baseline_file: Path | str = out / "run1" / "results.json"
+        if db is not None:
+            baseline_file = f"history:{args.history}"
+        elif args.fleet > 1:
             baseline_file = out / "fleet.json"
             write_fleet(merge_runs([b.results for b in bases]), baseline_file)
-        baseline = read_results(baseline_file)
         healthy = []
-        for index in range(args.fleet + 1, args.runs + 1):
-            healthy.append(run_suite(f"run{index}", out, args.pytest_args, baseline_file, None))
+        for index in range(first + 1, args.runs + 1):
+            healthy.append(run_suite(f"run{index}", out, args.pytest_args, baseline_file, None, db))
             print(describe(healthy[-1]), flush=True)
         slowed = []
         if not args.no_slowdown:
-            slowed.append(run_suite("slowed", out, args.pytest_args, baseline_file, args.quota_cpus))
+            slowed.append(run_suite("slowed", out, args.pytest_args, baseline_file, args.quota_cpus, db))
             print(describe(slowed[-1]), flush=True)
-        for line in calibration_lines(baseline, healthy, slowed):
+        if db is not None:
+            gated = history_baselines(db, args.history, [*healthy, *slowed])
+        else:
+            gated = [read_results(Path(baseline_file))] * (len(healthy) + len(slowed))
+        pairs = list(zip(gated, [*healthy, *slowed], strict=True))
+        for line in calibration_lines(pairs[: len(healthy)], pairs[len(healthy) :]):
             print(line)
         flagged = sum(r.flagged for r in healthy)
         print(

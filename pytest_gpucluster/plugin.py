@@ -75,6 +75,7 @@ def pytest_configure(config: pytest.Config) -> None:
     session.progress = _terminal_writer(config)
     config.pluginmanager.register(_ResultsHooks(session), "gpucluster-results")
     config.pluginmanager.register(_JobSkipsSkipTheTest(), "gpucluster-job-skips")
+    config.pluginmanager.register(_PreflightStops(), "gpucluster-preflight")
     config.pluginmanager.register(_fixtures, "gpucluster-fixtures")
     from pytest_gpucluster import rank_tests
 
@@ -119,6 +120,16 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         gc.check_leftovers(kill=gc.settings.reap)
     if not session.config.option.collectonly:
         gc.probe()
+        _preflight(gc)
+
+
+def _preflight(gc: GpuClusterSession) -> None:
+    """Hold the profile and settings against every probed node (`session_preflight`); print the findings."""
+    from pytest_gpucluster.session_preflight import preflight_lines, run_preflight
+
+    gc.preflight = run_preflight(gc)
+    for line in preflight_lines(gc.preflight or [], dry_run=gc.settings.dry_run):
+        (gc.progress or print)(line)
 
 
 def _terminal_writer(config: pytest.Config) -> Any:
@@ -164,6 +175,26 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     missing = session.unmet_requirements(item)
     if missing:
         pytest.skip("; ".join(missing))
+
+
+class _PreflightStops:
+    """A preflight error stops the session after collection and before any test launches a job:
+    one failed outcome lists every finding (results.json, summary, report). A class, registered in
+    pytest_configure, so that it sits beside the module's own pytest_runtestloop wrapper."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool | None:
+        gc = session.config.stash.get(SESSION_KEY, None)
+        if gc is None or gc.is_xdist_worker or gc.settings.dry_run or session.config.option.collectonly:
+            return None
+        from pytest_gpucluster.session_preflight import stop_outcome
+
+        outcome = stop_outcome(gc.preflight or [])
+        if outcome is None:
+            return None
+        gc.recorder.add_outcome(outcome)
+        session.testsfailed = max(session.testsfailed, 1)
+        return True
 
 
 class _JobSkipsSkipTheTest:
@@ -292,6 +323,25 @@ def _category_from_text(report: pytest.TestReport) -> str:
     return "failure"
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtestloop(session: pytest.Session) -> Generator[None, object, object]:
+    """With ``--gpucluster-retest-suspects``, once every test ran: the tests that named a node to
+    drain run again on those nodes only (``results/retest.py``)."""
+    result = yield
+    gc = session.config.stash.get(SESSION_KEY, None)
+    if (
+        gc is not None
+        and gc.settings.retest_suspects
+        and not gc.is_xdist_worker
+        and not gc.settings.dry_run
+        and not (session.shouldstop or session.shouldfail)
+    ):
+        from pytest_gpucluster.retesting import retest_suspects
+
+        retest_suspects(session, gc)
+    return result
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Baseline gate and report files, in the controller, before the terminal summary prints."""
     gc = session.config.stash.get(SESSION_KEY, None)
@@ -301,6 +351,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
     if _fail_closed(gc) and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if gc.settings.history is not None:
+        _history_column(gc)
+
     failed = any(o.category != "pass" and o.outcome in ("failed", "error") for o in gc.recorder.outcomes)
     mode = "warn" if gc.settings.regression_gate == "warn" else "fail"
     finished = finish_run(
@@ -311,6 +364,19 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if gc.settings.history is not None:
         gc.history_line = _append_history(gc)
+
+
+def _history_column(gc: GpuClusterSession) -> None:
+    """Each node's failures in the store's last runs, for the report's matrix (read before this
+    run is appended); an unreadable store is said when the append fails on it too."""
+    from pytest_gpucluster.results.history.column import read_history_record
+
+    try:
+        record = read_history_record(gc.settings.history, gc.hosts)
+    except GpuClusterError:
+        return
+    if record is not None:
+        gc.recorder.header["history"] = record
 
 
 def _append_history(gc: GpuClusterSession) -> str:
@@ -361,6 +427,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     terminalreporter.section("gpucluster summary")
     extra = finished.summary_args() if finished else {}
     lines = summary_lines(session.recorder, session.results_dir, **extra)
+    retest = session.recorder.header.get("retest")
+    if retest:
+        from pytest_gpucluster.results.retest import retest_lines
+
+        lines += retest_lines(retest)
     if session.history_line:
         lines.append(session.history_line)
     for line in lines:
@@ -372,6 +443,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
                 "INFRASTRUCTURE",
                 "OTHER",
                 "FAIL ",
+                "FINDINGS",
                 "NOT MEASURED",
                 "BROKEN",
             )

@@ -43,6 +43,7 @@ from pytest_gpucluster.profiles.loader import LoadedProfile, load_profile
 from pytest_gpucluster.results.recorder import Recorder
 
 if TYPE_CHECKING:
+    from pytest_gpucluster.cluster.preflight import PreflightFinding
     from pytest_gpucluster.launch.leftover_check import LeftoverReport
     from pytest_gpucluster.results.baseline import RunResults
     from pytest_gpucluster.results.gate import Tolerances
@@ -73,11 +74,15 @@ class GpuClusterSession:
     probed: ClusterFacts | None = None
     """The per-node probe's facts once taken (or read from the controller's ``probe.json``)."""
     not_probed: str | None = None
+    preflight: list[PreflightFinding] | None = None
+    """The preflight's findings on the probed nodes (`session_preflight`); None when not judged."""
     """Why the nodes were not probed (a dry run), for skip reasons and the header."""
     history_line: str = ""
     """What appending this run to ``--gpucluster-history`` did, for the summary."""
     history_baseline: str = ""
     """With ``--baseline history:N``: which stored runs the baseline is the median of."""
+    only_hosts: tuple[str, ...] = ()
+    """While suspects are retested: the nodes the session's cluster is narrowed to (`retest_on`)."""
 
     @classmethod
     def start(cls, config: pytest.Config, settings: Settings) -> GpuClusterSession:
@@ -255,6 +260,10 @@ class GpuClusterSession:
 
     @property
     def hosts(self) -> list[str]:
+        hosts = self._all_hosts()
+        return [h for h in hosts if h in self.only_hosts] if self.only_hosts else hosts
+
+    def _all_hosts(self) -> list[str]:
         if self.hostfile is not None:
             return list(self.hostfile.hosts)
         if os.environ.get("SLURM_JOB_NODELIST") and self.settings.launcher == "slurm":
@@ -262,6 +271,12 @@ class GpuClusterSession:
 
             return expand_nodelist(os.environ["SLURM_JOB_NODELIST"])
         return [self.machine.hostname]
+
+    def retest_on(self, hosts: tuple[str, ...]) -> None:
+        """Narrow the session's cluster to ``hosts`` (the suspects to retest); () widens it again.
+        Jobs launched from now on run on those nodes only."""
+        self.only_hosts = hosts
+        self.__dict__.pop("cluster", None)
 
     @property
     def available_nodes(self) -> int:
@@ -303,6 +318,8 @@ class GpuClusterSession:
             )
         else:
             spec = ClusterSpec.from_local(self.ranks_per_node, self.backend)
+        if self.only_hosts and not all_local(self._all_hosts()):  # this machine alone: nothing to narrow
+            spec = replace(spec, hosts=tuple(h for h in spec.hosts if h[0] in self.only_hosts))
         nnodes = self.settings.nnodes
         if nnodes and nnodes < spec.nnodes:
             spec = replace(spec, hosts=spec.hosts[:nnodes])

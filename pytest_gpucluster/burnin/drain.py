@@ -37,6 +37,7 @@ __all__ = [
     "DrainOutcome",
     "Suspect",
     "SuspectLog",
+    "clear_suspects",
     "drain_argv",
     "drain_commands",
     "read_suspects",
@@ -239,6 +240,18 @@ def _write_payload(path: Path, suspects: Sequence[Suspect], findings: Sequence[M
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(payload, indent=1, default=str), encoding="utf-8")
     os.replace(tmp, path)
+
+
+def clear_suspects(path: Path, cleared: Iterable[str]) -> list[Suspect]:
+    """Drop the suspects on ``cleared`` nodes (their retest passed, ``results/retest.py``) from
+    ``path``; returns those left. A missing file stays missing."""
+    gone = set(cleared)
+    if not gone or not path.exists():
+        return read_suspects(path)
+    with _locked(path):
+        kept = [s for s in read_suspects(path) if s.node not in gone]
+        _write_payload(path, kept, _stored_findings(path))
+    return kept
 
 
 def write_findings(path: Path, findings: Sequence[Mapping[str, Any]]) -> None:

@@ -97,8 +97,23 @@ def cases(section: CollectivesSection) -> list[Case]:
     return [Case(c, s, tuple(by_pair.get((c, s), ()))) for c, s in pairs]
 
 
-def scope_nodes(scope: str, available_nodes: int) -> tuple[int, str | None]:
-    """(nodes, None), or (0, why it cannot run) — intra-node 1, inter-node 2, full all of them."""
+def scope_nodes(
+    scope: str, available_nodes: int, ranks_per_node: int | None = None
+) -> tuple[int, str | None]:
+    """(nodes, None), or (0, why it cannot run) — intra-node 1, inter-node 2, full all of them.
+    With ``ranks_per_node``, a scope of a single rank is not applicable either: one rank measures
+    nothing (an --hw=auto profile shaped to a 1-GPU node keeps its part's intra-node checks)."""
+    nodes, reason = _scope_nodes(scope, available_nodes)
+    if reason is None and ranks_per_node is not None and nodes * ranks_per_node < 2:
+        return 0, (
+            f"not applicable: the {scope} scope has 1 rank here ({nodes} node x {ranks_per_node} rank per node): "
+            "a collective on one rank measures nothing (an all_reduce moves no bus traffic; a broadcast or "
+            "reduce is a no-op timed at launch cost)"
+        )
+    return nodes, reason
+
+
+def _scope_nodes(scope: str, available_nodes: int) -> tuple[int, str | None]:
     if scope == "intra-node":
         return 1, None
     if scope == "inter-node":

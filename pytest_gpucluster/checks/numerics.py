@@ -232,9 +232,16 @@ def known_answer_checks(values: Iterable[Mapping[str, Any]]) -> list[Check]:
 # ---------------------------------------------------------------------------- throughput
 
 
-def throughput_checks(values: Iterable[Mapping[str, Any]], floors: Mapping[str, Floor]) -> list[Check]:
+def throughput_checks(
+    values: Iterable[Mapping[str, Any]],
+    floors: Mapping[str, Floor],
+    ceilings: Mapping[str, tuple[float, str]] | None = None,
+) -> list[Check]:
     """Per rank and dtype: median FLOP/s of the timed chains, against the dtype's floor if any. A
-    dtype with a floor that the rank did not run is not measured (its skip reason in the hint)."""
+    dtype with a floor that the rank did not run is not measured (its skip reason in the hint); a
+    median above the part's dense peak for the dtype (``ceilings``: dtype -> (FLOP/s, source)) is a
+    broken measurement (a timer that missed the work, a chain that did not run), never a pass."""
+    ceilings = ceilings or {}
     checks = []
     for value in _by_rank(values):
         done_all = value.get("dtypes") or {}
@@ -263,6 +270,10 @@ def throughput_checks(values: Iterable[Mapping[str, Any]], floors: Mapping[str, 
                 f"{_who(value)}, {dtype}: {done['depth']} chained {done['matmul_n']}x{done['matmul_n']} GEMMs, "
                 f"median of {done['runs']} timed chains"
             )
+            ceiling = ceilings.get(dtype)
+            broken = ceiling is not None and float(done["flops"]) > ceiling[0]
+            if broken and ceiling is not None:
+                what += f"; above the dense {dtype} peak {format_value(ceiling[0], 'FLOP/s')} ({ceiling[1]})"
             checks.append(
                 Check(
                     FLOPS,
@@ -274,6 +285,7 @@ def throughput_checks(values: Iterable[Mapping[str, Any]], floors: Mapping[str, 
                     labels=where,
                     spread=spread,
                     hint=what + (f"; floor {floor.why}" if floor else ""),
+                    problem="broken measurement" if broken else None,
                 )
             )
     return checks
@@ -322,15 +334,22 @@ def suspects(checks: Iterable[Check]) -> list[Suspect]:
 
 def injected_problem(values: Sequence[Mapping[str, Any]], checks: Sequence[Check]) -> str | None:
     """The self-test: the rank that flipped a bit (its ``injected``) must be named for that dtype by
-    the agreement and the stability verdicts, and nobody else by any verdict. Why not, or None."""
+    the stability verdict and, where it has peers on its platform, the agreement verdict, and nobody
+    else by any verdict. Why not, or None."""
     injected = [(v, v["injected"]) for v in values if v.get("injected")]
     if len(injected) != 1:
         return f"expected one rank to report an injected bit flip, got {len(injected)}"
     value, flip = injected[0]
     expected = (str(value["host"]), int(value["rank"]), value.get("gpu"), str(flip["dtype"]))
     got = named(checks)
-    by_metric = {m: {n for n in named(c for c in checks if c.metric == m)} for m in (AGREEMENT, STABILITY)}
-    missing = [m for m, who in by_metric.items() if expected not in who]
+    # agreement only where the rank had peers to agree with (one GPU: stability alone sees the flip)
+    judged = [
+        m
+        for m in (AGREEMENT, STABILITY)
+        if any(c.metric == m and c.labels["rank"] == expected[1] for c in checks)
+    ]
+    by_metric = {m: set(named(c for c in checks if c.metric == m)) for m in judged}
+    missing = [m for m, who in by_metric.items() if expected not in who] or ([] if judged else [STABILITY])
     if got == [expected] and not missing:
         return None
     return (

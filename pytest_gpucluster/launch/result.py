@@ -25,7 +25,7 @@ from pytest_gpucluster.launch.job_files import tail_lines
 from pytest_gpucluster.launch.process import ProcessOutcome
 from pytest_gpucluster.workloads._runtime import rank_log_path
 
-__all__ = ["JobResult", "JobSkipped", "RankOutcome", "build_result"]
+__all__ = ["JobResult", "JobSkipped", "RankOutcome", "build_result", "shared_gpus"]
 
 TAIL = 15
 
@@ -102,7 +102,14 @@ class JobResult:
 
     @property
     def ok(self) -> bool:
-        return bool(self.ranks) and all(r.ok for r in self.ranks) and not self.survivors
+        return (
+            bool(self.ranks) and all(r.ok for r in self.ranks) and not self.survivors and not self.shared_gpus
+        )
+
+    @property
+    def shared_gpus(self) -> list[str]:
+        """A sentence per GPU that two or more ranks of one node took (`shared_gpus`)."""
+        return shared_gpus(self.ranks)
 
     @property
     def failures(self) -> list[RankOutcome]:
@@ -134,7 +141,7 @@ class JobResult:
         __tracebackhide__ = True
         if self.ok:
             return self
-        if self.skip_reason and not self.survivors:
+        if self.skip_reason and not self.survivors and not self.shared_gpus:
             raise JobSkipped(f"job {self.job_id} {self.skip_reason}")
         raise JobFailed(self.failure_report(), result=self)
 
@@ -151,9 +158,12 @@ class JobResult:
         missing = [r for r in failures if r.status == MISSING]
         stopped = [r for r in failures if r.status == STOPPED]
         head += f" ({len(causes) + len(missing)} of {len(self.ranks)} ranks failed)"
-        if causes:  # the first line alone (the summary shows only it) names the root cause
+        shared = self.shared_gpus
+        if shared:  # the root cause of NCCL's "Duplicate GPU detected", whatever the ranks then did
+            head += f"; {shared[0]}"
+        elif causes:  # the first line alone (the summary shows only it) names the root cause
             head += f"; first: {self._describe(causes[0])[0]}"
-        lines = [head]
+        lines = [head, *shared[1:]]
         for outcome in causes:
             lines += self._describe(outcome)
         shown: set[Path] = set()
@@ -207,6 +217,30 @@ class JobResult:
         if r.log_path is not None:
             out.append(f"  log: {r.log_path}")
         return out
+
+
+def shared_gpus(ranks: Sequence[RankOutcome]) -> list[str]:
+    """A sentence per physical GPU (by UUID) that two or more ranks of one host took. NCCL refuses
+    such a job at init ("Duplicate GPU detected"); said here, it names the ranks, the host and the
+    devices each rank saw, so the cause (more ranks than GPUs, a per-task GPU binding that shows
+    every rank device 0...) is read off the message."""
+    taken: dict[tuple[str, str], list[RankOutcome]] = {}
+    for rank in ranks:
+        uuid = (rank.gpu or {}).get("uuid")
+        if uuid and rank.host:
+            taken.setdefault((rank.host, str(uuid)), []).append(rank)
+    out = []
+    for (host, uuid), group in taken.items():
+        if len(group) < 2:
+            continue
+        gpu = group[0].gpu or {}
+        out.append(
+            f"ranks {_ranks_text(group)} on {host} all took GPU {uuid} (CUDA device {gpu.get('index')} of "
+            f"{gpu.get('visible')} visible, CUDA_VISIBLE_DEVICES={gpu.get('cuda_visible_devices') or '(unset)'}): "
+            "NCCL refuses two ranks on one GPU; run at most as many ranks per node as it has GPUs, each "
+            "seeing its own (Slurm: --gpus-per-node with --gpu-bind=none, not --gpus-per-task)"
+        )
+    return out
 
 
 def _indent(lines: Sequence[str]) -> list[str]:

@@ -94,6 +94,14 @@ def add_options(parser: pytest.Parser) -> None:
         "remove stale DeepSpeed /dev/shm segments (without it they are only reported)",
     )
     group.addoption(
+        "--gpucluster-retest-suspects",
+        dest="gpucluster_retest_suspects",
+        action="store_true",
+        default=False,
+        help="after the run, run the tests that named a node to drain once more on those nodes only; a "
+        "node is listed to drain only if its retest fails too (both values are reported)",
+    )
+    group.addoption(
         "--gpucluster-drain",
         dest="gpucluster_drain",
         action="store_true",
@@ -132,6 +140,7 @@ class Settings:
     dry_run: bool = False
     drain: bool = False
     reap: bool = False
+    retest_suspects: bool = False
     sources: Mapping[str, str] = field(default_factory=dict)
     """Option name -> 'command line', 'environment GPUCLUSTER_X', 'ini key gpucluster_x' or 'default'."""
 
@@ -172,6 +181,7 @@ def resolve_settings(config: pytest.Config, environ: Mapping[str, str] | None = 
         dry_run=bool(config.getoption("gpucluster_dry_run")),
         drain=bool(config.getoption("gpucluster_drain")),
         reap=bool(config.getoption("gpucluster_reap")),
+        retest_suspects=bool(config.getoption("gpucluster_retest_suspects")),
         sources=sources,
     )
 

@@ -238,20 +238,20 @@ def sweep_part(
     env: Mapping[str, str] | None = None,
     *,
     cluster: ClusterSection | None = None,
-    ranks_per_node: int = 1,
+    ranks_per_node: int | None = None,
     settings: Any = None,
 ) -> Part | None:
     """The sweeps of one case on the nodes its scope means, under ``env`` (:func:`job_env`); None
     when the scope cannot run here (the test skips with ``scope_nodes``' reason). Its deadline:
     `sweep_deadline` (``cluster`` gives the expected bandwidth, ``settings`` an explicit
     ``--job-timeout``)."""
-    nodes, reason = scope_nodes(case.scope, available_nodes)
+    nodes, reason = scope_nodes(case.scope, available_nodes, ranks_per_node)
     if reason is not None:
         return None
     requests = sweep_requests(case, section.sweep)
     deadline = sweep_deadline(
         case, requests, section, backend,
-        nranks=nodes * ranks_per_node, nodes=nodes, cluster=cluster, settings=settings,
+        nranks=nodes * (ranks_per_node or 1), nodes=nodes, cluster=cluster, settings=settings,
     )  # fmt: skip
     return Part(
         name=f"collectives-{case.id}",

@@ -11,7 +11,8 @@ lists every check and how to satisfy it; the modules hold the reasoning:
 - ``env_checks``: NIC lists matched by prefix, NCCL_ALGO values NCCL misreads.
 - ``cases``: SFT throughput (implied MFU), memory (ZeRO states + activations), run time against
   the job timeout, gates that cannot fail; scaling efficiency.
-- this module: burn-in floors and NVLink settings, and :func:`check_profile`, which runs them all.
+- this module: burn-in and numerics floors and NVLink settings, and :func:`check_profile`, which
+  runs them all.
 
 Import order (no cycles): schema <- devices <- peaks <- links/cases/env_checks <- physics <- loader.
 """
@@ -28,6 +29,7 @@ from pytest_gpucluster.profiles.schema import ProfileModel
 
 __all__ = [
     "MFU_WARNING",
+    "ONE_RANK",
     "Ceiling",
     "Figure",
     "Finding",
@@ -106,17 +108,72 @@ def _check_burnin(out: Collector, model: ProfileModel, peaks: Peaks) -> None:
         )
 
 
+def _check_numerics(out: Collector, model: ProfileModel, peaks: Peaks) -> None:
+    """Per-dtype GEMM floors against the part's dense peak for the dtype (devices.yaml dense_flops):
+    above it, or for a dtype the part has no peak for (fp8 on Ampere), no GPU can meet them."""
+    for dtype, value in model.numerics.min_flops.items():
+        key = ("numerics", "min_flops", dtype)
+        device = peaks.device
+        if model.cluster.device != "cuda" or device is None:
+            out.skip(key, "no device figure to hold it against")
+            continue
+        out.checked += 1
+        peak = device.dense_peak(dtype)
+        if peak is None:
+            out.error(
+                key,
+                f"min_flops.{dtype} {tflops(value)} per GPU: a {device.name} has no dense {dtype} peak in "
+                f"devices.yaml {device.key} (no {dtype} tensor cores), so the check could only ever be not "
+                "measured; remove the floor",
+            )
+        elif value > peak:
+            out.error(
+                key,
+                f"min_flops.{dtype} {tflops(value)} per GPU is above the dense {dtype} peak, {tflops(peak)} "
+                f"(devices.yaml {device.key} dense_flops.{dtype}): no GPU measures more than its peak",
+            )
+
+
+ONE_RANK = (
+    "a collective on one rank measures nothing: an all_reduce moves no bus traffic (busbw factor "
+    "2(n-1)/n = 0) and a broadcast or reduce through torch's in-place API is a no-op timed at launch cost"
+)
+"""Why a collective check whose scope has a single rank is refused here and skipped by the run."""
+
+
+def _check_scope_ranks(out: Collector, model: ProfileModel) -> None:
+    """A collectives check whose scope runs on one rank (one GPU per node inside a node, one node
+    of one rank in full) is a degenerate measurement, whatever its floor: refused."""
+    per_node = model.cluster.effective_ranks_per_node
+    for index, check in enumerate(model.collectives.checks):
+        nodes = {"intra-node": 1, "inter-node": 2, "full": model.cluster.nodes}[check.scope]
+        if nodes * per_node >= 2:
+            continue
+        key = "min_busbw" if check.min_busbw is not None else "max_latency"
+        where = (
+            "cluster.ranks_per_node" if model.cluster.ranks_per_node is not None else "cluster.gpus_per_node"
+        )
+        out.error(
+            ("collectives", "checks", index, key),
+            f"{check.collective} at scope {check.scope} runs on {nodes * per_node} rank ({nodes} node x "
+            f"{per_node} rank per node, {where}): {ONE_RANK}. Remove the check, or set it in a profile "
+            "of nodes with 2 or more GPUs",
+        )
+
+
 def check_profile(model: ProfileModel, devices: tuple[Device, ...] | None = None) -> PhysicsReport:
     """Hold every threshold of a validated profile against the peaks of its hardware."""
     out = Collector()
     peaks = peaks_for(model, devices)
     _check_device(out, model, peaks)
     check_nccl_env(out, model)
+    _check_scope_ranks(out, model)
     for index, check in enumerate(model.collectives.checks):
         check_collective_floor(out, index, check, model, peaks)
     _check_nvlink(out, model, peaks)
     for index, case in enumerate(model.sft.cases):
         check_case(out, index, case, model, peaks)
     _check_burnin(out, model, peaks)
+    _check_numerics(out, model, peaks)
     check_scaling(out, model)
     return out.report()

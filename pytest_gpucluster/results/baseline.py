@@ -70,6 +70,12 @@ class RunResults:
     compare`` judges its two files as the run itself did."""
     fleet: dict[str, Any] | None = None
     """For a fleet baseline (``gpucluster baseline merge``): the runs it is the median of."""
+    retest: dict[str, Any] | None = None
+    """With ``--gpucluster-retest-suspects``: the suspects, both measurements, who was confirmed
+    (``results/retest.py: retest_record``)."""
+    history: dict[str, Any] | None = None
+    """With ``--gpucluster-history``: each node's failures in the last runs of the store before
+    this one (``results/history/column.py``), for the report's node matrix."""
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], source: str) -> RunResults:
@@ -105,6 +111,8 @@ class RunResults:
             baseline=data.get("baseline"),
             regression=data.get("regression"),
             fleet=data.get("fleet"),
+            retest=data.get("retest"),
+            history=data.get("history"),
             nodes=tuple(
                 dict(n) for n in (data.get("nodes") or {}).get("nodes") or () if isinstance(n, Mapping)
             ),

@@ -8,8 +8,8 @@ run's measurements and test outcomes (pure: the same run always gives the same f
 
 Reason classes (`REASONS`):
 
-- ``hardware`` — a named host, GPU or port misses while its peers (the same metric, scope and
-  point on the other hosts/GPUs/ports) pass, or a health metric that only hardware fails (ECC,
+- ``hardware`` — a named host, GPU or port misses while most of its peers (the same metric, scope
+  and point on the other hosts/GPUs/ports; `MIN_PEERS` or more) pass, or a health metric that only hardware fails (ECC,
   XID, remapped rows, link state, port errors, PCIe width...) failed.
 - ``threshold`` — the value missed its threshold alike across the fleet (more than half of its
   peers missed too), or no peer can tell: a cluster-wide value (an inter-node sweep, scaling,
@@ -100,6 +100,9 @@ HARDWARE_METRICS = (
     "numerics.known_answer",
 )
 """Metrics only hardware fails: their failure is a hardware finding even with no peer to compare."""
+MIN_PEERS = 3
+"""A value is an outlier (hardware) only when at least this many peers were judged and most of them
+passed: one of two ranks being slow on a shared machine says nothing about which one is broken."""
 RMA_METRICS = ("burnin.row_remap_failure", "burnin.retired_pages")
 PORT_METRICS = ("fabric.", "burnin.pair_", "burnin.soak.")
 """Metrics whose ``device``/``port``/``pair`` labels name a NIC port, an interface or a link between
@@ -289,11 +292,16 @@ def _classify(m: Measurement, peers: _Peers) -> tuple[ReasonClass, Action, str]:
     host, gpu, port = host_of(m.labels), gpu_of(m.labels), port_of(m.metric, m.labels)
     judged, failing = peers.judged, peers.failing
     health = m.metric.startswith(HARDWARE_METRICS)
-    outlier = judged >= 2 and failing * 2 <= judged
+    outlier = judged >= MIN_PEERS and failing * 2 < judged
     if not (host or gpu or port) or not (health or outlier):
-        if judged >= 2:
+        if judged >= MIN_PEERS:
             why = (
                 f"{failing} of {judged} peers missed alike: review the threshold ({_source(m)}) or the fabric"
+            )
+        elif judged == 2:
+            why = (
+                f"{failing} of 2 peers missed: too few to single one out; review the threshold "
+                f"({_source(m)}), then rerun"
             )
         else:
             why = f"a cluster-wide value with no peer to compare: review the threshold ({_source(m)}), then rerun"

@@ -217,7 +217,8 @@ class Measurement(Check):
     test_id: str = ""
     time: float = 0.0
     attempt: int = 1
-    """2 for the confirmation the regression gate measured after a suspected regression."""
+    """2 for the confirmation the regression gate measured after a suspected regression; 3 for the
+    retest of a suspect node (``--gpucluster-retest-suspects``, ``results/retest.py``)."""
 
     @classmethod
     def of(cls, check: Check, *, test_id: str, time: float, attempt: int = 1) -> Measurement:

@@ -57,6 +57,8 @@ class Recorder:
     on the test reports), so a worker never overwrites the file with its partial view."""
     gate: RegressionGate | None = None
     """The regression gate when the run has a ``--baseline``."""
+    attempt: int = 1
+    """The ``attempt`` of the values recorded now (3 while suspects are retested, ``results/retest.py``)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __repr__(self) -> str:
@@ -107,7 +109,9 @@ class Recorder:
     def _record(self, checks: Iterable[Check | Measurement]) -> list[Measurement]:
         now = time.time()
         recorded = [
-            c if isinstance(c, Measurement) else Measurement.of(c, test_id=self.current_test, time=now)
+            c
+            if isinstance(c, Measurement)
+            else Measurement.of(c, test_id=self.current_test, time=now, attempt=self.attempt)
             for c in checks
         ]
         if not recorded:

@@ -11,6 +11,7 @@ import csv
 import io
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from pytest_gpucluster.results.comparison_text import (
 )
 from pytest_gpucluster.results.findings import Finding, findings_of
 from pytest_gpucluster.results.gate import Tolerances
-from pytest_gpucluster.results.matrix import node_matrix
+from pytest_gpucluster.results.matrix import Column, node_matrix
 from pytest_gpucluster.results.model import TestOutcome
 from pytest_gpucluster.results.plots import Plot, render_plots, unavailable
 from pytest_gpucluster.results.recorder import Recorder
@@ -100,6 +101,8 @@ def _environment(run: RunResults) -> list[tuple[str, str]]:
 MEASUREMENT_ROWS = 300
 """Rows of the measurement table in the report (failures first); every value is in summary.csv."""
 FINDING_ROWS = 500
+SUMMARY_FINDINGS = 20
+"""Findings printed in the terminal summary (all of them are in results.json and the report)."""
 
 
 def _logs_href(run: RunResults, out_dir: Path) -> str | None:
@@ -115,6 +118,7 @@ def _blocks(
     plots: list[Plot],
     note: str | None,
     out_dir: Path,
+    columns: Sequence[Column] = (),
 ) -> list[Block]:
     """The report's content once; Markdown and HTML only render it (``render.py``). Order: the
     sign-off (verdict, node x area matrix with the next action per node, findings, skips), then
@@ -123,6 +127,12 @@ def _blocks(
     findings = findings_of(run.measurements, run.outcomes, hosts)
     matrix = node_matrix(run.measurements, run.outcomes, findings, hosts)
     matrix.add_column(action_column(findings, [r.name for r in matrix.nodes]))
+    if run.history:
+        from pytest_gpucluster.results.history.column import history_column
+
+        matrix.add_column(history_column(run.history))
+    for column in columns:
+        matrix.add_column(column)
     verdict = verdict_of(run.outcomes, findings, matrix, len(run.measurements))
     blocks: list[Block] = [("verdict", verdict), ("matrix", matrix)]
     if findings:
@@ -130,6 +140,13 @@ def _blocks(
             ("h2", f"Findings: {len(findings)} (reason class and next action for each)"),
             ("findings", findings, _logs_href(run, out_dir), FINDING_ROWS),
         ]
+    if run.retest and run.retest.get("rows"):
+        retest = run.retest
+        blocks += [
+            ("h2", f"Retest of suspects: confirmed {', '.join(retest['confirmed']) or 'none'}, "
+                   f"cleared {', '.join(retest['cleared']) or 'none'}"),
+            ("table", retest["header"], retest["rows"], None),
+        ]  # fmt: skip
     skips = skip_groups(run.outcomes)
     if skips:
         skipped = sum(len(g.tests) for g in skips)
@@ -223,10 +240,16 @@ def _write_atomic(path: Path, data: str | bytes) -> None:
 
 
 def write_reports(
-    run: RunResults, out_dir: Path, comparison: BaselineComparison | None = None, *, charts: bool = True
+    run: RunResults,
+    out_dir: Path,
+    comparison: BaselineComparison | None = None,
+    *,
+    charts: bool = True,
+    columns: Sequence[Column] = (),
 ) -> ReportFiles:
     """Write report.md, report.html, summary.csv and plots/*.png into ``out_dir`` (``charts=False``:
-    no plots, the report says so)."""
+    no plots, the report says so; ``columns``: more columns of the node matrix, after the next
+    action, e.g. each node's history)."""
     if comparison is None and run.baseline:
         comparison = BaselineComparison.from_json(run.baseline)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -253,7 +276,7 @@ def write_reports(
         plots=tuple(plot_paths),
         note=note,
     )
-    blocks = _blocks(run, comparison, plots, note, out_dir)
+    blocks = _blocks(run, comparison, plots, note, out_dir, columns)
     _write_atomic(files.markdown, markdown(blocks))
     _write_atomic(files.html, page(blocks))
     _write_atomic(files.csv, _csv(run, comparison))
@@ -267,10 +290,19 @@ class Finished:
     comparison: BaselineComparison | None
     files: ReportFiles | None
     error: str | None = None
+    findings: tuple[Finding, ...] = ()
 
     def summary_args(self) -> dict[str, Any]:
         note = self.error or (f"no plots: {self.files.note}" if self.files and self.files.note else None)
+        shown = [f"  {f.line()}" for f in self.findings[:SUMMARY_FINDINGS]]
+        if len(self.findings) > SUMMARY_FINDINGS:
+            shown.append(f"  ... {len(self.findings) - SUMMARY_FINDINGS} more in results.json and the report")
         return {
+            "finding_lines": (
+                [f"FINDINGS (where: what -> reason class; next action): {len(self.findings)}", *shown]
+                if self.findings
+                else ()
+            ),
             "comparison_lines": (
                 comparison_lines(self.comparison, show_ok=False, limit=40) if self.comparison else ()
             ),
@@ -311,13 +343,14 @@ def finish_run(
                     message=_unreported(comparison),
                 )
             )
-    record_findings(recorder, out_dir)
+    findings = tuple(record_findings(recorder, out_dir))
     recorder.flush()
     try:
         run = RunResults.from_json(recorder.to_json(), str(recorder.path))
-        return Finished(comparison, write_reports(run, out_dir, comparison))
+        return Finished(comparison, write_reports(run, out_dir, comparison), findings=findings)
     except Exception as exc:  # a plotting bug or a full disk must not hide the test results
-        return Finished(comparison, None, f"could not be written to {out_dir}: {type(exc).__name__}: {exc}")
+        error = f"could not be written to {out_dir}: {type(exc).__name__}: {exc}"
+        return Finished(comparison, None, error, findings)
 
 
 def record_findings(recorder: Recorder, out_dir: Path) -> list[Finding]:

@@ -127,6 +127,7 @@ def summary_lines(
     comparison_lines: Sequence[str] = (),
     reports: Sequence[Path] = (),
     report_note: str | None = None,
+    finding_lines: Sequence[str] = (),
 ) -> list[str]:
     lines = failure_lines(recorder.outcomes)
     if recorder.measurements:
@@ -134,6 +135,7 @@ def summary_lines(
     else:
         lines.append("no measurements were recorded")
     lines += threshold_lines(recorder.header.get("thresholds"))
+    lines += finding_lines
     if recorder.outcomes:
         lines.append("tests: " + outcome_counts(recorder.outcomes))
     if comparison_lines:

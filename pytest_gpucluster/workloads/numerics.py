@@ -21,8 +21,8 @@ other parts of a shared job run in the same process.
 Options (``plans/numerics.py`` writes them): ``dtypes`` (None: the device's), ``seeds``,
 ``duration_s``, ``min_repeats``, ``matmul_n``, ``depth``, ``known_answer_k``, ``threads`` (CPU), and
 the self-test's ``inject: {"rank": r, "dtype": d | None, "bit": b}``: rank ``r`` flips bit ``b`` of
-the first element of dtype ``d``'s (None: its last dtype's) output in the first run of the first
-seed, before the digest, as a transient silent data corruption would.
+the first element of dtype ``d``'s output (None: its first dtype's, fp32, which every device runs)
+in the first run of the first seed, before the digest, as a transient silent data corruption would.
 
 Rank-side: standard library and torch only.
 """
@@ -209,7 +209,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
     names, skipped = nc.select_dtypes(ctx.is_cuda, capability, nc.has_fp8(torch), ctx.options.get("dtypes"))
     inject = ctx.options.get("inject")
     inject_here = inject is not None and int(inject["rank"]) == ctx.rank
-    inject_dtype = (inject or {}).get("dtype") or (names[-1] if names else None)
+    inject_dtype = (inject or {}).get("dtype") or (names[0] if names else None)
     budget = float(ctx.options.get("duration_s", 5.0)) / max(len(names), 1)
     determinism = _Determinism(torch, ctx.is_cuda)
     result: dict[str, Any] = {

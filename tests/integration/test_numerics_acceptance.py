@@ -61,8 +61,8 @@ def test_numerics_run_records_each_rank_and_dtype_and_names_the_injected_corrupt
                 else:
                     assert m["verdict"] == "pass", m
 
-    # The self-test: rank 1 flipped one bit of its last dtype (bf16 on a CPU) and only it was named.
-    assert f"numerics self-test: named rank 1 on {host} bf16" in out, out
-    self_test = measured[("numerics.self_test_named", 1, "bf16")]
+    # The self-test: rank 1 flipped one bit of its first dtype (fp32) and only it was named.
+    assert f"numerics self-test: named rank 1 on {host} fp32" in out, out
+    self_test = measured[("numerics.self_test_named", 1, "fp32")]
     assert self_test["value"] == 1 and self_test["labels"]["injected"] is True
     assert json.loads((results / "suspects.json").read_text())["suspects"] == []

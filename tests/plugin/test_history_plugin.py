@@ -2,16 +2,20 @@
 command line, environment or ini names the store, failed runs included; a store that cannot
 take the run is said in the summary and does not fail the run."""
 
+import socket
+
 import pytest
 
 from pytest_gpucluster.results.history.store import HistoryStore
 
 SOURCE = """
+import socket
+
 def test_fast(results):
-    results.check("demo.busbw", 2e9, 1e9, unit="B/s", labels={"host": "n1", "gpu": "GPU 3"})
+    results.check("demo.busbw", 2e9, 1e9, unit="B/s", labels={"host": socket.gethostname(), "gpu": "GPU 3"})
 
 def test_slow(results):
-    results.check("demo.busbw", 1e9, 2e9, unit="B/s", labels={"host": "n2", "gpu": "GPU 1"})
+    results.check("demo.busbw", 1e9, 2e9, unit="B/s", labels={"host": socket.gethostname(), "gpu": "GPU 1"})
 """
 
 
@@ -42,7 +46,14 @@ def test_each_run_is_appended_from_cli_env_or_ini(run, pytester, tmp_path, monke
         runs = store.runs()
         assert [r.tests_failed for r in runs] == [1, 1, 1]
         failed = store.query("SELECT host, component, metric FROM measurements WHERE verdict = 'fail'")
-    assert failed == [("n2", "GPU 1", "demo.busbw")] * 3
+    host = socket.gethostname()
+    assert failed == [(host, "GPU 1", "demo.busbw")] * 3
+    # the report's node matrix has a history column: the runs before this one
+    report = (tmp_path / "c" / "report.md").read_text().splitlines()
+    header = next(line for line in report if line.startswith("| node "))
+    assert header.rstrip(" |").endswith("history: failed runs of the last 10")
+    row = next(line for line in report if line.startswith(f"| {host} |"))
+    assert row.rstrip(" |").endswith("2 of 2 failed (GPU 1 in 2)")
 
 
 def test_a_store_that_cannot_be_written_is_said_not_failed(run, tmp_path):

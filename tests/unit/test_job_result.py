@@ -117,3 +117,45 @@ def test_a_skip_is_not_a_failure(tmp_path):
     assert not result.ok and result.failures == []
     with pytest.raises(JobSkipped, match="skipped on rank 1: no NVML"):
         result.raise_on_failure()
+
+
+def _gpu(uuid, index=0, visible=1, env=None):
+    return {"index": index, "visible": visible, "cuda_visible_devices": env, "uuid": uuid}
+
+
+def test_two_ranks_on_one_gpu_name_the_gpu_before_nccls_words(tmp_path):
+    # what the ranks of a 2-rank job on a 1-GPU node record, then NCCL's own error at init
+    nccl = "NCCL error: invalid usage ... Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 3000"
+    states = {
+        0: rec(
+            0, "error", error=err(nccl), gpu=_gpu("GPU-cb3dfa52-e2f3-9ca4-a399-7d16041c3732"), finished_at=2.0
+        ),
+        1: rec(
+            1, "error", error=err(nccl), gpu=_gpu("GPU-cb3dfa52-e2f3-9ca4-a399-7d16041c3732"), finished_at=2.1
+        ),
+    }
+    result = make(tmp_path, states)
+    with pytest.raises(JobFailed) as info:
+        result.raise_on_failure()
+    head = str(info.value).splitlines()[0]
+    assert head == (
+        "job j failed (2 of 2 ranks failed); ranks 0, 1 on n0 all took GPU GPU-cb3dfa52-e2f3-9ca4-a399-7d16041c3732 "
+        "(CUDA device 0 of 1 visible, CUDA_VISIBLE_DEVICES=(unset)): NCCL refuses two ranks on one GPU; run at most "
+        "as many ranks per node as it has GPUs, each seeing its own (Slurm: --gpus-per-node with --gpu-bind=none, "
+        "not --gpus-per-task)"
+    )
+
+
+def test_a_shared_gpu_fails_even_a_job_whose_ranks_all_returned(tmp_path):
+    # per-task binding shows every rank "device 0": the same UUID twice on one host
+    same = {0: rec(0, "ok", gpu=_gpu("GPU-a", env="0")), 1: rec(1, "ok", gpu=_gpu("GPU-a", env="0"))}
+    assert not make(tmp_path, same).ok
+    other = tmp_path / "o"
+    other.mkdir()
+    own = {0: rec(0, "ok", gpu=_gpu("GPU-a")), 1: rec(1, "ok", gpu=_gpu("GPU-b", index=1, visible=2))}
+    assert make(other, own).ok
+    # the same UUID on two hosts is two GPUs (UUIDs are global, but a host stand-in may repeat one)
+    two = tmp_path / "t"
+    two.mkdir()
+    hosts = {0: rec(0, "ok", gpu=_gpu("GPU-a")), 1: rec(1, "ok", host="n1", node=1, gpu=_gpu("GPU-a"))}
+    assert make(two, hosts, hosts=("n0", "n1"), nproc=1).ok

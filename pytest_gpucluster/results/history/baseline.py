@@ -8,9 +8,11 @@ than the tolerance. A value's spread (``values``, ``n``) says which runs' values
 
 *Healthy for a key*: for a value that names a node (``host``/``node`` label), no finding of that
 run names the node, so one bad node does not take the others' runs out of their baselines; for
-a value that names none (a cluster-wide busbw), the run had no finding that names no node. Runs of
-another profile are left out (their thresholds and workloads differ). The run being gated is not
-in its own baseline: it is appended at session end, after the gate.
+a value that names none (a cluster-wide busbw), the test that measured it passed in that run, so
+a failed SFT case does not take the collectives' values with it. A value that failed or was not
+measured is never taken. Runs of another profile are left out (their thresholds and workloads
+differ). The run being gated is not in its own baseline: it is appended at session end, after
+the gate.
 
 Reads through `HistoryStore`; no pytest.
 """
@@ -46,30 +48,46 @@ class HistoryBaseline:
         return f"median of the last {self.asked} healthy runs per value (runs {ids}{short})"
 
 
-def _unhealthy(store: HistoryStore, run_ids: list[int]) -> dict[int, set[str | None]]:
-    """Per run, the nodes its findings name (None: a finding naming no node)."""
+def _unhealthy(store: HistoryStore, run_ids: list[int]) -> tuple[dict[int, set[str]], dict[int, set[str]]]:
+    """Per run, the nodes its findings name, and the tests that failed."""
+    nodes: dict[int, set[str]] = {i: set() for i in run_ids}
+    tests: dict[int, set[str]] = {i: set() for i in run_ids}
     if not run_ids:
-        return {}
+        return nodes, tests
     marks = ",".join("?" * len(run_ids))
-    out: dict[int, set[str | None]] = {i: set() for i in run_ids}
-    for run_id, host in store.query(f"SELECT run_id, host FROM findings WHERE run_id IN ({marks})", run_ids):
-        out[run_id].add(host)
-    return out
+    for run_id, host in store.query(
+        f"SELECT run_id, host FROM findings WHERE host IS NOT NULL AND run_id IN ({marks})", run_ids
+    ):
+        nodes[run_id].add(host)
+    for run_id, test_id in store.query(
+        f"SELECT run_id, test_id FROM outcomes WHERE outcome IN ('failed', 'error') AND run_id IN ({marks})",
+        run_ids,
+    ):
+        tests[run_id].add(test_id)
+    return nodes, tests
 
 
-def history_baseline(store: HistoryStore, last: int, *, profile: str | None = None) -> HistoryBaseline:
-    """The baseline of the last ``last`` healthy runs per key (module docstring) of ``profile``'s runs."""
-    runs = [r for r in store.runs() if profile is None or r.profile == profile]
-    bad = _unhealthy(store, [r.id for r in runs])
+def history_baseline(
+    store: HistoryStore, last: int, *, profile: str | None = None, before: int | None = None
+) -> HistoryBaseline:
+    """The baseline of the last ``last`` healthy runs per key (module docstring) of ``profile``'s
+    runs; ``before``: as it was before run #before was stored (what that run was gated against)."""
+    runs = [
+        r
+        for r in store.runs()
+        if (profile is None or r.profile == profile) and (before is None or r.id < before)
+    ]
+    bad_nodes, failed_tests = _unhealthy(store, [r.id for r in runs])
     taken: dict[str, int] = {}
     chosen: list[tuple[int, RunResults]] = []
     for stored in reversed(runs):  # newest first
         results = store.results(stored.id)
         keep = []
         for key, m in latest_by_key(results.measurements).items():
-            if taken.get(key, 0) >= last or host_of(m.labels) in bad[stored.id]:
+            host = host_of(m.labels)
+            if taken.get(key, 0) >= last or not m.measured or m.failed:
                 continue
-            if not m.measured or m.failed:
+            if host in bad_nodes[stored.id] if host else m.test_id in failed_tests[stored.id]:
                 continue
             taken[key] = taken.get(key, 0) + 1
             keep.append(m)

@@ -13,8 +13,11 @@ reason class and the next action from the findings' ladder.
 * the same component of the node failed in ``recurring`` or more runs: a GPU that fails again
   and again is the GPU, not bad luck.
 
-A node with one transient failure is named by neither rule. The defaults (10 runs, 20 %, 3 runs)
-are policy, not a measurement: one bad run in ten is tolerated, three are not.
+Only failures that are the node's own count: a finding of reason class ``threshold`` (the value
+missed alike across the fleet, or no peer could tell) says the profile or the whole fabric is
+off, not this node, and is shown by ``history node`` but never makes a lemon. A node with one
+transient failure is named by neither rule. The defaults (10 runs, 20 %, 3 runs) are policy, not
+a measurement: one bad run in ten is tolerated, three are not.
 
 Reads through `HistoryStore`; no pytest.
 """
@@ -47,6 +50,8 @@ __all__ = [
 DEFAULT_WINDOW = 10
 DEFAULT_MAX_FAILURE_RATE = 0.2
 DEFAULT_RECURRING = 3
+FLEET_REASONS = frozenset({"threshold"})
+"""Reason classes that do not count against a node (module docstring)."""
 
 
 def when(run: StoredRun) -> str:
@@ -112,7 +117,7 @@ def failures(store: HistoryStore, runs: Sequence[StoredRun]) -> list[Failure]:
     return out
 
 
-def _took_part(store: HistoryStore, runs: Sequence[StoredRun]) -> dict[str, list[StoredRun]]:
+def took_part(store: HistoryStore, runs: Sequence[StoredRun]) -> dict[str, list[StoredRun]]:
     """Per node, the runs it took part in: in the run's hosts, or named by one of its values."""
     seen: dict[str, set[int]] = defaultdict(set)
     for run in runs:
@@ -152,19 +157,19 @@ def find_lemons(
 ) -> list[Lemon]:
     """The nodes either rule names over the last ``window`` runs (module docstring), worst first."""
     runs = store.runs(last=window)
-    found = failures(store, runs)
+    found = [f for f in failures(store, runs) if f.reason_class not in FLEET_REASONS]
     by_host: dict[str, list[Failure]] = defaultdict(list)
     for failure in found:
         by_host[failure.host].append(failure)
     lemons = []
-    for host, took_part in _took_part(store, runs).items():
+    for host, joined in took_part(store, runs).items():
         host_failures = by_host.get(host, [])
         failed_runs = len({f.run.id for f in host_failures})
         why = []
-        rate = failed_runs / len(took_part) if took_part else 0.0
+        rate = failed_runs / len(joined) if joined else 0.0
         if failed_runs >= 2 and rate > max_failure_rate:
             why.append(
-                f"failed in {failed_runs} of its last {len(took_part)} runs ({rate:.0%}, more than "
+                f"failed in {failed_runs} of its last {len(joined)} runs ({rate:.0%}, more than "
                 f"{max_failure_rate:.0%})"
             )
         per_component: dict[str, set[int]] = defaultdict(set)
@@ -179,7 +184,7 @@ def find_lemons(
                     f"{recurring} or more runs is a recurring failure)"
                 )
         if why:
-            lemons.append(Lemon(host, len(took_part), failed_runs, tuple(why), tuple(host_failures)))
+            lemons.append(Lemon(host, len(joined), failed_runs, tuple(why), tuple(host_failures)))
     return sorted(lemons, key=lambda lemon: (-lemon.failure_rate, lemon.host))
 
 
@@ -206,12 +211,12 @@ COUNTER_WORDS = ("xid", "ecc", "error", "counter", "retired", "remapped")
 
 def node_history(store: HistoryStore, host: str, *, window: int | None = None) -> NodeHistory:
     runs = store.runs(last=window)
-    took_part = _took_part(store, runs).get(host, [])
-    node_failures = tuple(f for f in failures(store, took_part) if f.host == host)
+    joined = took_part(store, runs).get(host, [])
+    node_failures = tuple(f for f in failures(store, joined) if f.host == host)
     counters: dict[str, list[tuple[StoredRun, float]]] = defaultdict(list)
-    by_id = {r.id: r for r in took_part}
-    if took_part:
-        marks = ",".join("?" * len(took_part))
+    by_id = {r.id: r for r in joined}
+    if joined:
+        marks = ",".join("?" * len(joined))
         for run_id, metric, component, value in store.query(
             f"SELECT run_id, metric, component, value FROM measurements WHERE host = ? AND value IS NOT NULL "
             f"AND run_id IN ({marks}) ORDER BY run_id, seq",
@@ -220,7 +225,7 @@ def node_history(store: HistoryStore, host: str, *, window: int | None = None) -
             if any(word in metric.lower() for word in COUNTER_WORDS):
                 name = metric + (f" [{component}]" if component else "")
                 counters[name].append((by_id[run_id], float(value)))
-    return NodeHistory(host, tuple(took_part), node_failures, dict(counters))
+    return NodeHistory(host, tuple(joined), node_failures, dict(counters))
 
 
 def trend(

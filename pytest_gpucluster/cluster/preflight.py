@@ -1,0 +1,209 @@
+"""The preflight: the profile and the session's settings held against what every node has, before
+any job is launched.
+
+A site profile's ``NCCL_SOCKET_IFNAME=bond0`` on a node without ``bond0`` fails every NCCL job at
+init; eight ranks on a one-GPU node die in NCCL with "Duplicate GPU detected", once per job. Both
+are known from the per-node probe (`cluster.probe`) before anything runs. `preflight` lists every
+mismatch on every node (not the first), each naming the node, the variable or requirement, the
+value asked and what the node has:
+
+- ``NCCL_SOCKET_IFNAME`` and ``NCCL_IB_HCA`` (the profile's ``nccl_env``, the user's own ``NCCL_*``
+  winning) read as NCCL reads them: a comma list of prefixes; ``=`` first makes the entries exact
+  names, ``^`` first excludes them (``^=`` both); an HCA entry may carry ``:port``. An interface
+  selection that leaves no interface, or only ones that are down, is an error; so is an HCA list
+  that selects no RDMA port, and an exact HCA entry the node lacks. An HCA list that leaves the node
+  fewer active ports than it has is a warning (NCCL runs on part of the fabric);
+- ranks per node at most the GPUs the node lists (a CUDA profile);
+- the GPU count and part the profile names (``cluster.gpus_per_node``, ``cluster.gpu_model``).
+
+Under a CUDA profile, a node without the ``cuda`` capability (no GPU listed, or a torch that cannot
+use them) launches nothing: its GPU tests skip naming why, and the inventory judges it. A node
+whose probe failed is the probe's failure. Pure: facts in, findings
+out; no pytest, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pytest_gpucluster.cluster.node_facts import ClusterFacts, NetLink, NodeFacts
+from pytest_gpucluster.profiles.devices import same_part
+from pytest_gpucluster.profiles.nccl_env import NicSelection, nic_selection
+from pytest_gpucluster.profiles.schema import ProfileModel
+
+__all__ = ["PreflightFinding", "preflight", "selects"]
+
+Severity = Literal["error", "warning"]
+
+
+@dataclass(frozen=True, slots=True)
+class PreflightFinding:
+    """One mismatch between what the session asks and what a node has."""
+
+    host: str
+    requirement: str
+    """``NCCL_SOCKET_IFNAME``, ``NCCL_IB_HCA``, ``ranks per node``, ``GPU count``, ``GPU model``."""
+    asked: str
+    """The value asked, with where it comes from."""
+    found: str
+    """What the node has."""
+    message: str
+    """The whole sentence, starting with the node's name."""
+    severity: Severity = "error"
+
+    def to_json(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+
+def selects(selection: NicSelection, device: str, port: int | None = None) -> bool:
+    """Whether NCCL's list ``selection`` keeps ``device`` (and ``port``), as NCCL's ``matchIfList``:
+    each entry ``name[:port]`` matches a device whose name starts with ``name`` (equals it with
+    ``=``) and, where the entry gives a port, that port; ``^`` inverts the outcome."""
+    hit = False
+    for entry in selection.entries:
+        name, _, port_text = entry.partition(":")
+        if not (device == name if selection.exact else device.startswith(name)):
+            continue
+        if port_text.strip() and port is not None and port_text.strip() != str(port):
+            continue
+        hit = True
+        break
+    return not hit if selection.exclude else hit
+
+
+def _listed(names: Sequence[str]) -> str:
+    return ", ".join(names) if names else "none"
+
+
+def _interfaces(node: NodeFacts, value: str, origin: str) -> list[PreflightFinding]:
+    if not node.links:  # not read on this node (a stand-in, an old probe): nothing to judge
+        return []
+    selection = nic_selection({"NCCL_SOCKET_IFNAME": value}, "NCCL_SOCKET_IFNAME")
+    # The probe leaves out lo, which every node has and NCCL may be told to use (one-node jobs).
+    links = [*node.links, NetLink("lo", "unknown")]
+    names = [link.name for link in links]
+    chosen = [link for link in links if selects(selection, link.name)]
+    asked = f"NCCL_SOCKET_IFNAME={value} ({origin})"
+    if not chosen:
+        return [
+            PreflightFinding(
+                node.host, "NCCL_SOCKET_IFNAME", asked, _listed(names),
+                f"{node.host}: NCCL_SOCKET_IFNAME={value} matches no interface (has {_listed(names)}); "
+                f"NCCL's bootstrap fails at init on every job ({origin})",
+            )
+        ]  # fmt: skip
+    if all(link.operstate == "down" for link in chosen):
+        down = ", ".join(f"{link.name} is down" for link in chosen)
+        return [
+            PreflightFinding(
+                node.host, "NCCL_SOCKET_IFNAME", asked, down,
+                f"{node.host}: NCCL_SOCKET_IFNAME={value} selects only interfaces that are down ({down}; "
+                f"the node has {_listed(names)}) ({origin})",
+            )
+        ]  # fmt: skip
+    return []
+
+
+def _hcas(node: NodeFacts, value: str, origin: str) -> list[PreflightFinding]:
+    selection = nic_selection({"NCCL_IB_HCA": value})
+    ports = [(p.device, p.port) for p in node.ib_ports]
+    devices = sorted({device for device, _ in ports})
+    has = f"has {_listed(devices)}" if devices else "has no RDMA device under /sys/class/infiniband"
+    asked = f"NCCL_IB_HCA={value} ({origin})"
+    out: list[PreflightFinding] = []
+    if selection.exact and not selection.exclude:
+        for entry in selection.entries:
+            name, _, port = entry.partition(":")
+            if not any(d == name and (not port or str(p) == port) for d, p in ports):
+                out.append(
+                    PreflightFinding(
+                        node.host, "NCCL_IB_HCA", asked, has,
+                        f"{node.host}: NCCL_IB_HCA={value} names {entry}, which this node does not have "
+                        f"({has}) ({origin})",
+                    )
+                )  # fmt: skip
+    chosen = [(d, p) for d, p in ports if selects(selection, d, p)]
+    if not chosen and not out:
+        out.append(
+            PreflightFinding(
+                node.host, "NCCL_IB_HCA", asked, has,
+                f"{node.host}: NCCL_IB_HCA={value} matches no RDMA device ({has}); NCCL falls back to "
+                f"TCP sockets or fails ({origin})",
+            )
+        )  # fmt: skip
+    active = [(p.device, p.port) for p in node.ib_ports if (p.state or "").upper().endswith("ACTIVE")]
+    used = [port for port in chosen if port in active]
+    if chosen and len(used) < len(active) and not out:
+        out.append(
+            PreflightFinding(
+                node.host, "NCCL_IB_HCA", asked, f"{len(active)} active RDMA ports",
+                f"{node.host}: NCCL_IB_HCA={value} leaves NCCL {len(used)} of the node's {len(active)} active "
+                f"RDMA ports ({', '.join(f'{d}:{p}' for d, p in used) or 'none'}) ({origin})",
+                "warning",
+            )
+        )  # fmt: skip
+    return out
+
+
+def _gpus(node: NodeFacts, model: ProfileModel, profile: str, ranks_per_node: int, ranks_origin: str) -> list[PreflightFinding]:  # fmt: skip
+    cluster = model.cluster
+    count = node.gpu_count
+    if cluster.device != "cuda" or count == 0:
+        return []
+    out = []
+    if ranks_per_node > count:
+        out.append(
+            PreflightFinding(
+                node.host, "ranks per node", f"{ranks_per_node} ({ranks_origin})", f"{count} GPU(s)",
+                f"{node.host}: {ranks_per_node} ranks per node asked ({ranks_origin}), {count} GPU"
+                f"{'s' if count != 1 else ''} present: ranks would share a GPU and NCCL refuses that "
+                f"('Duplicate GPU detected')",
+            )
+        )  # fmt: skip
+    if count != cluster.gpus_per_node:
+        out.append(
+            PreflightFinding(
+                node.host, "GPU count", f"{cluster.gpus_per_node} (profile {profile}: cluster.gpus_per_node)",
+                f"{count}",
+                f"{node.host}: {count} GPU{'s' if count != 1 else ''}, profile {profile} wants "
+                f"{cluster.gpus_per_node} (cluster.gpus_per_node)",
+            )
+        )  # fmt: skip
+    if cluster.gpu_model:
+        others = sorted({g.name for g in node.gpus if not same_part(cluster.gpu_model, g.name)})
+        if others:
+            out.append(
+                PreflightFinding(
+                    node.host, "GPU model", f"{cluster.gpu_model} (profile {profile}: cluster.gpu_model)",
+                    ", ".join(others),
+                    f"{node.host}: GPU {', '.join(others)} is not the part profile {profile} names "
+                    f"({cluster.gpu_model!r}, cluster.gpu_model)",
+                )
+            )  # fmt: skip
+    return out
+
+
+def preflight(
+    facts: ClusterFacts,
+    model: ProfileModel,
+    *,
+    env: Mapping[str, str],
+    env_origin: Mapping[str, str],
+    ranks_per_node: int,
+    ranks_origin: str,
+) -> list[PreflightFinding]:
+    """Every finding on every node, node by node. ``env`` is the NCCL environment the jobs get;
+    ``env_origin`` names where each variable comes from (``profile h200-spectrumx: nccl_env``)."""
+    findings: list[PreflightFinding] = []
+    nccl = model.cluster.backend == "nccl"
+    for node in facts.nodes:
+        if node.error or (model.cluster.device == "cuda" and node.capabilities()["cuda"] is not None):
+            continue  # the probe's failure, or a node whose GPU tests skip naming why: nothing launches there
+        if nccl and (value := env.get("NCCL_SOCKET_IFNAME", "").strip()):
+            findings += _interfaces(node, value, env_origin.get("NCCL_SOCKET_IFNAME", "?"))
+        if nccl and (value := env.get("NCCL_IB_HCA", "").strip()):
+            findings += _hcas(node, value, env_origin.get("NCCL_IB_HCA", "?"))
+        findings += _gpus(node, model, model.name, ranks_per_node, ranks_origin)
+    return findings

@@ -1,0 +1,77 @@
+"""``--gpucluster-retest-suspects`` in a pytest session: after the main test loop, the tests whose
+findings named a node to drain run again, on those nodes only, their values recorded as retests
+(``results/retest.py`` decides which tests and judges the two measurements); the drain list
+then keeps only the suspects the retest confirmed, and ``--gpucluster-drain`` drains them.
+
+Called by `plugin.pytest_runtestloop`; runs items through pytest's own hooks (``item.ihook``),
+and does not import pytest itself.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pytest import Session
+
+    from pytest_gpucluster.session import GpuClusterSession
+
+__all__ = ["drain_confirmed", "retest_suspects"]
+
+
+def retest_suspects(session: Session, gc: GpuClusterSession) -> None:
+    """Run the tests that named a node to drain once more on those nodes (module docstring)."""
+    from pytest_gpucluster.burnin.drain import SUSPECTS_FILE, read_suspects
+    from pytest_gpucluster.results.retest import (
+        RETEST_ATTEMPT,
+        confirmed_hosts,
+        plan_retest,
+        retest_record,
+        retest_rows,
+    )
+
+    recorder, hosts = gc.recorder, gc.hosts
+    order = [item.nodeid for item in session.items]
+    listed = [(s.node, s.source) for s in read_suspects(gc.results_dir / SUSPECTS_FILE) if s.drainable]
+    plan = plan_retest(recorder.measurements, recorder.outcomes, hosts, order, listed)
+    if not plan.hosts:
+        drain_confirmed(gc, [])  # suspects that no finding names a host for are drained as before
+        return
+    if session.config.pluginmanager.hasplugin("dsession"):  # pytest-xdist runs the tests elsewhere
+        recorder.header["retest"] = {
+            "suspects": list(plan.hosts),
+            "note": "not retested: the run used pytest-xdist (-n); run without -n to retest suspects",
+        }
+        drain_confirmed(gc, [])
+        return
+    (gc.progress or print)(plan.line())
+    items = [item for item in session.items if item.nodeid in plan.test_ids]
+    gc.retest_on(plan.hosts)
+    recorder.attempt = RETEST_ATTEMPT
+    try:
+        for index, item in enumerate(items):
+            following = items[index + 1] if index + 1 < len(items) else None
+            item.ihook.pytest_runtest_protocol(item=item, nextitem=following)
+    finally:
+        recorder.attempt = 1
+        gc.retest_on(())
+    confirmed = confirmed_hosts(plan, recorder.measurements, recorder.outcomes, hosts)
+    rows = retest_rows(recorder.measurements, plan.hosts)
+    record = retest_record(plan, rows, [i.nodeid for i in items], confirmed)
+    recorder.header["retest"] = record
+    recorder.flush()
+    drain_confirmed(gc, record["cleared"])
+
+
+def drain_confirmed(gc: GpuClusterSession, cleared: list[str]) -> None:
+    """The drain list without the suspects whose retest passed; with --gpucluster-drain, the
+    nodes left in it are drained now (the burn-in tests left that to the retest)."""
+    from pytest_gpucluster.burnin.drain import SUSPECTS_FILE, clear_suspects, drain_commands, run_drain
+
+    left = clear_suspects(gc.results_dir / SUSPECTS_FILE, cleared)
+    write = gc.progress or print
+    commands = drain_commands(left)
+    if commands and gc.settings.drain:
+        write("retest of suspects: draining the confirmed nodes (--gpucluster-drain):")
+        for outcome in run_drain(commands):
+            write(f"  {outcome.line()}")

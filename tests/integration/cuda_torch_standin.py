@@ -1,0 +1,30 @@
+"""A pytest plugin (``-p cuda_torch_standin``) for a pytest run whose nodes are recorded machines:
+the node probe's view of torch says torch can use the GPUs that the recorded ``nvidia-smi`` lists.
+
+There is no CUDA build of torch on the machines the tests run on, so a node stand-in
+(`recorded_nodes`) lists real recorded GPUs that this torch cannot use, and every GPU test skips for
+the missing ``cuda`` capability. With this plugin the probe reports what a CUDA torch would: the
+GPUs usable, its NCCL backend present (``GPUCLUSTER_STANDIN_NCCL``, default 2.28.9, the NCCL of the
+real H200 run in shared/REFERENCE-FIGURES.md). Only the pytest process is patched, so use it with
+``--gpucluster-dry-run`` or with tests that launch nothing: a launched rank would still find no GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pytest_gpucluster.workloads import node_probe
+
+
+def _cuda_torch_view() -> dict[str, Any]:
+    return {
+        "cuda_available": True,
+        "torch_cuda": "13.0",
+        "device_count": None,
+        "nccl": os.environ.get("GPUCLUSTER_STANDIN_NCCL", "2.28.9"),
+        "nccl_available": True,
+    }
+
+
+node_probe._torch_view = _cuda_torch_view

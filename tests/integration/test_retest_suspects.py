@@ -1,0 +1,63 @@
+"""--gpucluster-retest-suspects on a real cpu-local run of the burn-in health test.
+
+The health job's rank 1 is slowed in the first job only (``tests/data/history/slow_rank_plugin.py``
+with ``GPUCLUSTER_TEST_SLOW_JOBS=1``: the workload's own ``slow_ranks`` option): rank 1 misses its
+CPU floors, the run's findings name host vm to drain, and the test runs again on vm alone. Both
+measurements are in results.json (the retest's as ``attempt`` 3) and in the report; the drain
+list keeps vm only if the retest confirms it. No speed is asserted: whether the unslowed retest
+passes depends on the machine's load, so the test checks that the verdict follows the retest's
+own values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TEST = "acceptance/test_burnin.py::test_rank_health_cpu"
+
+
+def test_a_transient_slow_rank_is_retested_and_judged_on_the_retest(tmp_path):
+    out = tmp_path / "run"
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("GPUCLUSTER_", "_GPUCLUSTER_", "PYTEST_"))
+    }
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "data" / "history")]),
+        GPUCLUSTER_TEST_SLOW_JOBS="1",
+    )
+    argv = [sys.executable, "-m", "pytest", TEST, "-q", "-p", "no:cacheprovider", "-p", "slow_rank_plugin",
+            "--gpucluster-retest-suspects", f"--results-dir={out}"]  # fmt: skip
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert "retest of suspect(s) vm: running again test_rank_health_cpu" in done.stdout, done.stdout[-3000:]
+    data = json.loads((out / "results.json").read_text())
+    values = [
+        m for m in data["measurements"] if m["metric"] == "burnin.cpu_matmul" and m["labels"]["rank"] == 1
+    ]
+    first, again = values[0], values[-1]
+    assert first.get("attempt", 1) == 1 and first["verdict"] == "fail"  # the slowed job
+    assert again["attempt"] == 3  # the retest on vm
+    record = data["retest"]
+    assert record["suspects"] == ["vm"] and record["tests"] == [TEST]
+    retested = [m for m in data["measurements"] if m.get("attempt") == 3]
+    confirmed = any(m["verdict"] == "fail" and m["labels"].get("host") == "vm" for m in retested)
+    assert record["confirmed"] == (["vm"] if confirmed else [])
+    assert record["cleared"] == ([] if confirmed else ["vm"])
+    drain = json.loads((out / "suspects.json").read_text())
+    assert any(c[2] == "NodeName=vm" for c in drain["drain_commands"]) == confirmed
+    report = (out / "report.md").read_text()
+    assert "## Retest of suspects: confirmed" in report
+    row = next(line for line in report.splitlines() if line.startswith("| vm | rank 1 | burnin.cpu_matmul |"))
+    assert first_shown(first) in row
+    summary = done.stdout
+    assert f"retest of suspects vm: confirmed {'vm' if confirmed else 'none'}" in summary
+
+
+def first_shown(m: dict) -> str:
+    from pytest_gpucluster.results.text import format_value
+
+    return format_value(m["value"], m["unit"])

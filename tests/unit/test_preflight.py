@@ -1,0 +1,114 @@
+"""The preflight on real recorded node readings: NCCL's list syntax (prefix, ``=``, ``^``, ``:port``)
+against the interfaces and RDMA ports a node has, ranks against GPUs, the GPU count and part; every
+finding on every node, each naming the node, the variable and what the node has."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_gpucluster.cluster.node_facts import ClusterFacts, node_facts
+from pytest_gpucluster.cluster.preflight import preflight, selects
+from pytest_gpucluster.profiles.loader import load_profile
+from pytest_gpucluster.profiles.nccl_env import nic_selection
+from pytest_gpucluster.workloads import fabric_probe
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
+from recorded_nodes import ETH0_SYSFS, H100_SYSFS, H100_TABLE, H200_1GPU_TABLE, without_gpu
+
+pytestmark = pytest.mark.quick
+
+
+def _node(host, table, sysfs):
+    record = {
+        "host": host,
+        "gpu": {"source": "nvidia-smi", "text": table, "returncode": 0},
+        "infiniband": fabric_probe.read_ib_ports(sysfs),
+        "links": fabric_probe.read_links(sysfs, shaping=False),
+        "cuda_available": True,
+        "nccl_available": True,
+    }
+    return node_facts(record)
+
+
+def _run(profile, nodes, env, ranks=8, origin="profile p: nccl_env"):
+    facts = ClusterFacts(tuple(nodes), "recorded")
+    return preflight(
+        facts, load_profile(profile).model, env=env, env_origin=dict.fromkeys(env, origin),
+        ranks_per_node=ranks, ranks_origin="profile p: cluster.gpus_per_node",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("value", "device", "port", "kept"),
+    [
+        ("mlx5_1", "mlx5_1", 1, True),
+        ("mlx5_1", "mlx5_10", 1, True),  # a prefix: the classic surprise
+        ("=mlx5_1", "mlx5_10", 1, False),
+        ("=mlx5_0,mlx5_1", "mlx5_1", 1, True),
+        ("^mlx5_bond", "mlx5_bond_0", 1, False),
+        ("^mlx5_bond", "mlx5_0", 1, True),
+        ("^=mlx5_0", "mlx5_0", 1, False),
+        ("^=mlx5_0", "mlx5_01", 1, True),
+        ("mlx5_0:1", "mlx5_0", 1, True),
+        ("mlx5_0:2", "mlx5_0", 1, False),
+        ("eth", "eth0", None, True),
+        ("bond0", "eth0", None, False),
+    ],
+)
+def test_nccl_list_syntax(value, device, port, kept):
+    assert selects(nic_selection({"X": value}, "X"), device, port) is kept
+
+
+def test_every_finding_on_every_node_is_listed(tmp_path):
+    table = H100_TABLE.read_text()
+    nodes = [
+        _node("gpu-01", table, H100_SYSFS),  # healthy: 8 x H100, mlx5_0..9 but 2/3, a bond
+        _node("gpu-02", without_gpu(table, 7), H100_SYSFS),  # lost a GPU
+        _node("gpu-03", table, ETH0_SYSFS),  # eth0 only, no RDMA device
+    ]
+    env = {"NCCL_SOCKET_IFNAME": "bond0", "NCCL_IB_HCA": "=mlx5_0,mlx5_2"}
+    found = [f.message for f in _run("dgx-h100-ib", nodes, env) if f.severity == "error"]
+    # gpu-01 and gpu-02 have no network interfaces in the recorded tree: not judged (no reading)
+    assert found == [
+        "gpu-01: NCCL_IB_HCA==mlx5_0,mlx5_2 names mlx5_2, which this node does not have (has mlx5_0, mlx5_1, "
+        "mlx5_4, mlx5_5, mlx5_6, mlx5_7, mlx5_8, mlx5_9, mlx5_bond_0) (profile p: nccl_env)",
+        "gpu-02: NCCL_IB_HCA==mlx5_0,mlx5_2 names mlx5_2, which this node does not have (has mlx5_0, mlx5_1, "
+        "mlx5_4, mlx5_5, mlx5_6, mlx5_7, mlx5_8, mlx5_9, mlx5_bond_0) (profile p: nccl_env)",
+        "gpu-02: 8 ranks per node asked (profile p: cluster.gpus_per_node), 7 GPUs present: ranks would share "
+        "a GPU and NCCL refuses that ('Duplicate GPU detected')",
+        "gpu-02: 7 GPUs, profile dgx-h100-ib wants 8 (cluster.gpus_per_node)",
+        "gpu-03: NCCL_SOCKET_IFNAME=bond0 matches no interface (has eth0, lo); NCCL's bootstrap fails at init on "
+        "every job (profile p: nccl_env)",
+        "gpu-03: NCCL_IB_HCA==mlx5_0,mlx5_2 names mlx5_0, which this node does not have (has no RDMA device "
+        "under /sys/class/infiniband) (profile p: nccl_env)",
+        "gpu-03: NCCL_IB_HCA==mlx5_0,mlx5_2 names mlx5_2, which this node does not have (has no RDMA device "
+        "under /sys/class/infiniband) (profile p: nccl_env)",
+    ]
+
+
+def test_a_list_that_leaves_nccl_part_of_the_fabric_is_a_warning_not_a_stop():
+    node = _node("gpu-01", H100_TABLE.read_text(), H100_SYSFS)
+    found = _run("dgx-h100-ib", [node], {"NCCL_IB_HCA": "=mlx5_0,mlx5_1"})
+    assert [(f.severity, f.message) for f in found] == [
+        ("warning", "gpu-01: NCCL_IB_HCA==mlx5_0,mlx5_1 leaves NCCL 2 of the node's 9 active RDMA ports "
+         "(mlx5_0:1, mlx5_1:1) (profile p: nccl_env)"),
+    ]  # fmt: skip
+    assert _run("dgx-h100-ib", [node], {"NCCL_IB_HCA": "mlx5"}) == []  # every device, by prefix
+
+
+def test_the_wrong_part_and_an_excluding_list_that_leaves_nothing():
+    node = _node("vm", H200_1GPU_TABLE.read_text(), ETH0_SYSFS)
+    found = _run("dgx-h100-ib", [node], {"NCCL_SOCKET_IFNAME": "^eth,lo"}, ranks=1)
+    assert [f.requirement for f in found] == ["NCCL_SOCKET_IFNAME", "GPU count", "GPU model"]
+    assert (
+        found[2].message
+        == "vm: GPU NVIDIA H200 is not the part profile dgx-h100-ib names ('H100 80GB HBM3', cluster.gpu_model)"
+    )
+    assert _run("h200-sxm", [node], {"NCCL_SOCKET_IFNAME": "=eth0"}, ranks=1)[0].requirement == "GPU count"
+
+
+def test_a_cpu_profile_and_a_node_listing_no_gpu_are_not_judged_on_gpus():
+    node = _node("vm", "", ETH0_SYSFS)
+    assert _run("h200-sxm", [node], {}) == []  # the capability marks say why its GPU tests skip
+    assert _run("cpu-local", [node], {"NCCL_SOCKET_IFNAME": "bond0"}) == []  # gloo reads no NCCL_*
