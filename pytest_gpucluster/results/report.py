@@ -262,7 +262,7 @@ def write_reports(
     out_dir.mkdir(parents=True, exist_ok=True)
     note = unavailable() if charts else "charts were not asked for"
     old_values = (
-        {c.key: c.old for c in comparison.changes if c.basis != "median over hosts"}
+        {c.key: c.old for c in comparison.changes if c.basis in ("same point", "per host")}
         if comparison is not None
         else {}
     )
