@@ -70,15 +70,14 @@ INJECTED_DELAY_S = 0.02
 """The self-test's straggler sleeps this long before each timed call: far above any tolerance."""
 
 
-def health_part(nodes: int, settings: Any, load_s: float | None = None) -> Part:
-    """The health job on ``nodes`` nodes, its deadline `burnin_deadlines.health_deadline`
-    (``settings``: the session's, for ``--job-timeout`` and ``--rendezvous-timeout``; ``load_s``:
-    how long each GPU stays under load, the tier's ``load``; None: the workload's default)."""
+def health_part(nodes: int, settings: Any, load_s: float = 5.0) -> Part:
+    """The health job on ``nodes`` nodes, each GPU loaded for ``load_s`` (the tier's ``load``, else
+    ``burnin.load_duration``), its deadline `burnin_deadlines.health_deadline` (``settings``: the
+    session's, for ``--job-timeout`` and ``--rendezvous-timeout``)."""
     deadline = health_deadline(nodes, settings, load_s)
-    options = {"load_s": load_s} if load_s is not None else {}
     return Part(
-        "burnin-health", HEALTH, options, nodes=nodes, timeout_s=deadline.seconds, deadline=deadline.text,
-        estimate_s=health_estimate(load_s), startup_s=STARTUP_S,
+        "burnin-health", HEALTH, {"load_s": load_s}, nodes=nodes, timeout_s=deadline.seconds,
+        deadline=deadline.text, estimate_s=health_estimate(load_s), startup_s=STARTUP_S,
     )  # fmt: skip
 
 

@@ -62,19 +62,17 @@ DCGM_STARTUP_S = 60.0
 """The minute the DCGM job always had beyond the diag's own time: its start-up."""
 
 
-def health_estimate(load_s: float | None = None) -> float:
-    """The health job's estimated run: its measurements' (generous) estimate, the tier's load, and
-    the start-up; what the dry run adds up."""
-    return HEALTH_WORK_S + (load_s or 0.0) + STARTUP_S
+def health_estimate(load_s: float = 5.0) -> float:
+    """The health job's estimated run: its measurements' (generous) estimate, the GPU load beyond
+    the default 5 s, and the start-up; what the dry run adds up."""
+    return HEALTH_WORK_S + max(load_s - 5.0, 0.0) + STARTUP_S
 
 
-def health_deadline(nodes: int, settings: Any, load_s: float | None = None) -> Deadline:
-    """The health job on every node at once (``workloads.health:health``), with ``load_s`` of
-    GPU load beyond the measurements' estimate when the tier sets one."""
-    if load_s is None:
-        return _derived(HEALTH_WORK_S, "the health measurements' estimate", JOB_MINIMUM_S, nodes, settings)
-    how = f"the health measurements' estimate {HEALTH_WORK_S:g} s + the tier's {seconds(load_s)} load"
-    return _derived(HEALTH_WORK_S + load_s, how, JOB_MINIMUM_S, nodes, settings)
+def health_deadline(nodes: int, settings: Any, load_s: float = 5.0) -> Deadline:
+    """The health job on every node at once (``workloads.health:health``), its GPU load
+    ``load_s`` (``burnin.load_duration``) on top of the measurements' estimate."""
+    how = "the health measurements' estimate" + (f" + the {seconds(load_s)} GPU load" if load_s > 5.0 else "")
+    return _derived(HEALTH_WORK_S + max(load_s - 5.0, 0.0), how, JOB_MINIMUM_S, nodes, settings)
 
 
 def counters_deadline(nodes: int, settings: Any) -> Deadline:

@@ -281,3 +281,28 @@ def test_profiles_check_refuses_a_numerics_floor_no_gpu_of_the_part_can_meet() -
     assert "above the dense bf16 peak, 312 TFLOP/s" in errors[("numerics", "min_flops", "bf16")]
     assert "no dense fp8 peak" in errors[("numerics", "min_flops", "fp8")]
     assert ("numerics", "min_flops", "fp32") not in errors
+
+
+def _shaky(record: dict[str, Any], dtype: str) -> None:
+    """Seed 1 gave two different digests over the runs."""
+    counts = record["dtypes"][dtype]["digests"]["1"]
+    record["dtypes"][dtype]["digests"]["1"] = {**counts, "e" * 32: 1}
+
+
+def test_most_ranks_unstable_alike_is_the_kernel_a_broken_measurement_not_gpus_to_drain() -> None:
+    base = _clean()[0]
+    values = [_as_rank(base, r, f"GPU {r}") for r in range(4)]
+    for record in values[:3]:
+        _shaky(record, "fp32")
+    checks = v.agreement_checks(values)[0] + v.stability_checks(values)
+    bad = [c for c in checks if c.failed]
+    assert bad and all(c.problem == "broken measurement" and c.labels["dtype"] == "fp32" for c in bad)
+    assert "3 of 4 ranks on" in bad[0].hint and "a non-deterministic kernel" in bad[0].hint
+    assert v.suspects(checks) == [] and v.named(checks) == []
+    assert not any(c.failed for c in checks if c.labels["dtype"] == "bf16")
+    # one unstable GPU of four is that GPU
+    values = [_as_rank(base, r, f"GPU {r}") for r in range(4)]
+    _shaky(values[1], "fp32")
+    checks = v.agreement_checks(values)[0] + v.stability_checks(values)
+    assert v.named(checks) == [(base["host"], 1, "GPU 1", "fp32")]
+    assert all(c.problem is None for c in checks)

@@ -102,6 +102,7 @@ def test_the_tiers_load_reaches_the_health_job_and_its_deadline():
         source={"job_timeout": "default", "rendezvous_timeout": "default"}.get,
     )
     plain, loaded = health_part(1, settings), health_part(1, settings, load_s=3600.0)
-    assert "load_s" not in plain.options and loaded.options["load_s"] == 3600.0
+    assert plain.options["load_s"] == 5.0 and loaded.options["load_s"] == 3600.0
     assert loaded.timeout_s >= plain.timeout_s + 3000
-    assert "+ the tier's 3,600 s (60 min) load" in loaded.deadline, loaded.deadline
+    assert loaded.estimate_s == plain.estimate_s + 3595.0
+    assert "+ the 3,600 s (60 min) GPU load" in loaded.deadline, loaded.deadline
