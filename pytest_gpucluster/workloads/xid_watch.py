@@ -16,8 +16,10 @@ because the jobs that start and stop it are different jobs. Its state lives in `
 - ``events.jsonl``: one line per XID, ``{"xid", "gpu", "pci", "time"}``;
 - ``stop``: written by the last reading; the listener exits within a second of seeing it.
 
-It never outlives its cap (``--max-s``, the session's budget): a session cut short leaves it
-running at most that long (and ``--gpucluster-reap`` finds it by its module name).
+It never outlives its cap (``--max-s``): a session cut short leaves it running at most that long.
+It carries a job id of its own (``xid-watch-<folder>``) and the session's tag, so the job that
+starts it does not kill it with its own processes, and a later session's ``--gpucluster-reap``
+kills it once this session is gone (``launch/leftover_check.py``).
 
 Rank-side: standard library only; pynvml is imported by the listener itself.
 """
@@ -36,6 +38,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_gpucluster.workloads._runtime import JOB_ID_ENV
+
 __all__ = ["SOURCE", "collect", "listen", "start"]
 
 SOURCE = "NVML XID events (a listener spanning the session)"
@@ -53,9 +57,12 @@ def start(state_dir: str | Path, max_s: float, python: str = sys.executable) -> 
     for name in ("ready", "error", "stop", "events.jsonl"):
         (folder / name).unlink(missing_ok=True)
     log = open(folder / "listener.log", "ab")  # noqa: SIM115 (the child keeps it)
+    # A job id of its own: the job that starts it kills every process carrying *its* id when it
+    # ends, and a later session's --gpucluster-reap finds this one by id and session once ours is gone.
+    env = {**os.environ, JOB_ID_ENV: f"xid-watch-{folder.name}"}
     proc = subprocess.Popen(
         [python, "-m", "pytest_gpucluster.workloads.xid_watch", str(folder), "--max-s", str(max_s)],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=os.environ.copy(),
+        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=env,
     )  # fmt: skip
     log.close()
     (folder / "pid").write_text(f"{proc.pid}\n")

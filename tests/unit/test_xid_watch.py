@@ -91,6 +91,8 @@ def test_the_listener_spans_two_readings_and_its_xids_name_the_gpu(tmp_path, mon
     ok, why = xid_watch.start(state, max_s=60)
     assert ok, why
     pid = int((state / "pid").read_text())
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert b"GPUCLUSTER_JOB_ID=xid-watch-watch" in environ  # not the starting job's: its cleanup spares it
     assert xid_watch.start(state, max_s=60) == (True, "") and int((state / "pid").read_text()) == pid  # kept
     queue.write_text(json.dumps({"device": 1, "xid": 79}) + "\n")
     deadline = time.monotonic() + 10
