@@ -166,7 +166,8 @@ def test_findings_are_ordered_by_rung_and_survive_json():
 def test_the_end_of_a_run_writes_the_findings_to_results_json_and_the_drain_list(tmp_path):
     recorder = Recorder(tmp_path / "results.json", header={"fingerprint": {"hosts": ["node01", "node02"]}})
     recorder.measurements.extend(_gpus(slow=("node01", "3")))
-    write_suspects(tmp_path / SUSPECTS_FILE, [Suspect(node="node01", reason="slow GPU 3", check="health")])
+    slow = Suspect(node="node01", reason="slow GPU 3", check="health", source="acceptance/test_burnin.py::t")
+    write_suspects(tmp_path / SUSPECTS_FILE, [slow])  # its failed value names it already: one finding
     finished = finish_run(recorder, tmp_path, None, 0.05)
     assert finished.summary_args()["finding_lines"] == [
         "FINDINGS (where: what -> reason class; next action): 1",
@@ -190,3 +191,27 @@ def test_a_test_that_ended_not_measured_without_a_recorded_value_is_a_not_measur
     )
     (f,) = findings_of([], [gap])
     assert (f.reason, f.action) == ("not measured", "rerun")
+
+
+def test_stragglers_and_slow_links_named_by_the_burn_in_become_findings_of_their_own():
+    test = "acceptance/test_burnin.py::test_collective_stragglers"
+    count = Check("burnin.rank_collective_lag.stragglers", 2, "ranks", 0, "<=")
+    count = Measurement.of(count, test_id=test, time=0.0)
+    suspects = [
+        Suspect(node="node07", rank=13, reason="rank 13 on node07: 20 ms", check="straggler", source=test),
+        Suspect(
+            node="node02", gpu="GPU 1", kind="gpu", reason="GPU 1: 3x slower", check="straggler", source=test
+        ),
+        Suspect(
+            node="node03", peer="node04", kind="link", reason="pair slow", check="pairwise", source="t::pairs"
+        ),
+    ]
+    found = findings_of([count], [], ["node02", "node03", "node04", "node07"], suspects)
+    assert [(f.host, f.gpu, f.port, f.reason, f.action) for f in found] == [
+        (None, None, "link node03 <-> node04", "hardware", "reseat/replace cable or NIC"),
+        ("node02", "GPU 1", None, "hardware", "reset GPU"),
+        ("node07", None, None, "hardware", "drain node"),
+    ]
+    assert found[2].metric == "burnin.rank_collective_lag.stragglers" and found[2].labels == {"rank": 13}
+    assert found[2].message.startswith("node node07 (rank 13): rank 13 on node07: 20 ms")
+    assert found[0].metric == "burnin.pairwise" and found[0].test_id == "t::pairs"
