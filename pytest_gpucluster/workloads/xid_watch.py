@@ -154,9 +154,9 @@ def listen(state_dir: Path, max_s: float, pynvml: Any) -> int:
         (state_dir / "error").write_text(f"{type(exc).__name__}: {exc}\n")
         return 1
     wait = getattr(pynvml, "nvmlEventSetWait_v2", None) or pynvml.nvmlEventSetWait
-    (state_dir / "ready").write_text(f"{len(gpus)} GPU(s)\n")
     end = time.monotonic() + max_s
     with open(state_dir / "events.jsonl", "a", encoding="utf-8") as out:
+        (state_dir / "ready").write_text(f"{len(gpus)} GPU(s)\n")  # the events file exists from here on
         while time.monotonic() < end and not (state_dir / "stop").exists():
             try:
                 data = wait(event_set, 500)
