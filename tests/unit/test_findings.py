@@ -43,7 +43,7 @@ def test_the_real_cpu_local_run_gives_one_finding_for_the_slow_rank():
         ("burnin.cpu_matmul", "vm", "threshold", "rerun")
     ]
     (slow,) = findings
-    assert slow.labels == {"host": "vm", "rank": 0}
+    assert slow.labels == {"host": "vm", "rank": 0} and slow.where() == "vm, rank 0"
     assert slow.source == "profile cpu-local: burnin.min_cpu_matmul"
     assert slow.measured is not None and slow.threshold is not None and slow.measured < slow.threshold
     assert slow.why.startswith("1 of 2 peers missed: too few to single one out")
