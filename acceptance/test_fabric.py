@@ -76,7 +76,7 @@ def _selection_env(session: Any) -> dict[str, str]:
 def _fabric_plan(when: str) -> Any:
     def planned(session: Any, params: Any) -> list[Any]:
         part = plans.fabric_part(session.available_nodes, session.settings)
-        return [replace(part, name=f"{part.name} ({when})")]
+        return [replace(part, name=f"{part.name}-{when}")]
 
     return planned
 

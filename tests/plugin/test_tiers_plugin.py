@@ -118,7 +118,7 @@ def test_the_dry_run_of_8_gpu_nodes_is_a_table_with_a_total_and_no_environment(t
     assert "GPUCLUSTER_JOB_ID=" not in out  # the environment only with -v
     plan = json.loads((tmp_path / "r" / "results.json").read_text())["plan"]
     assert plan["total_s"] > 0 and plan["tiers"]["quick"] < plan["tiers"]["standard"] == plan["total_s"]
-    assert {j["name"] for j in plan["jobs"]} >= {"node-probe", "burnin-health", "burnin-counters (before)"}
+    assert {j["name"] for j in plan["jobs"]} >= {"node-probe", "burnin-health", "burnin-counters-before"}
 
 
 def test_a_laptop_plans_from_the_profile_and_a_budget_refuses_naming_the_costliest(tmp_path):

@@ -139,7 +139,7 @@ def test_gpucluster_report_rebuilds_an_old_results_file(tmp_path, capsys):
     assert cli.main(["report", str(tmp_path / "results.json"), "--out", str(tmp_path / "out")]) == 0
     md = (tmp_path / "out" / "report.md").read_text()
     assert "**NOT FIT: 22 passed, 1 below threshold, 21 skipped**" in md
-    assert "| vm | burnin.cpu_matmul | 0.02386 TFLOP/s | >= 0.028 TFLOP/s |" in md
+    assert "| vm, rank 0 | burnin.cpu_matmul | 0.02386 TFLOP/s | >= 0.028 TFLOP/s |" in md
     assert area_of("collectives.all_reduce.busbw", "inter-node").key == "coll_inter"
 
 
