@@ -127,6 +127,8 @@ def _init_process_group(backend: str, timeout_s: float, device: str) -> None:
 
 
 def _teardown() -> None:
+    if "torch" not in sys.modules:
+        return  # a job that never imported torch (the DCGM diag) has no group to end: keep it torch-free
     try:
         import torch.distributed as dist
 
