@@ -30,8 +30,6 @@ def test_the_dcgm_job_of_a_cuda_profile_imports_no_torch_and_picks_no_gpu(tmp_pa
         init_process_group=False, pick_device=False, name="burnin-dcgm",
     )  # fmt: skip
     [value] = result.values
-    assert (
-        value["available"] and value["returncode"] == 226 and '"DCGM Diagnostic"' in value["stdout"][:200]
-    )
+    assert value["available"] and value["returncode"] == 226 and '"DCGM Diagnostic"' in value["stdout"][:200]
     assert value["torch_in_rank"] is False
     assert result.ranks[0].gpu is None  # no device taken, no UUID recorded
