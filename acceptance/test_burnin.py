@@ -25,6 +25,7 @@ and run only with ``--gpucluster-drain``. The self-test's injected straggler is 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from pytest_gpucluster.burnin.runner import ClusterPairRunner
 from pytest_gpucluster.burnin.stragglers import Sample, find_stragglers, sweep_samples, worst_per_host
 from pytest_gpucluster.checks.burnin import health, peers
 from pytest_gpucluster.checks.ceilings import broken_above, memory_ceiling
-from pytest_gpucluster.errors import GpuClusterError
+from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning
 from pytest_gpucluster.fixtures import job_part, run_with_deadline
 from pytest_gpucluster.harness import Part, PartRun
 from pytest_gpucluster.inputs import read_texts
@@ -55,7 +56,8 @@ LAG = "time outside the all_reduce per iteration"
 @job_part
 def health_job(session: GpuClusterSession, params: Mapping[str, Any]) -> Part:
     """One health job on every node at once (the intra-node phase of the localization, too)."""
-    return plans.health_part(session.available_nodes, session.settings)
+    load_s = session.profile.model.burnin.load_duration
+    return plans.health_part(session.available_nodes, session.settings, load_s)
 
 
 @job_part
@@ -172,7 +174,9 @@ def test_counters_before(cluster: Any, gpucluster_session: Any, hw: Any, request
 
 
 def test_counters_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any, request: Any) -> None:
-    """The same counters after the run (conftest runs this last): any increase fails, naming the GPU."""
+    """The same counters after the run (conftest runs this last): uncorrectable ECC errors, retired
+    pages and uncorrectable remapped rows that grew, a pending or failed row remap, and new XIDs
+    fail, naming the GPU; corrected errors are recorded (gated as a rate where the profile says)."""
     after = _counters(cluster, gpucluster_session, hw)
     before = request.config.stash.get(COUNTERS_BEFORE, None)
     if before is None:
@@ -180,7 +184,12 @@ def test_counters_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: A
             "no before-reading of the ECC/XID counters (test_counters_before did not run in this process)"
         )
     grown = health.counter_increases(before, after)
-    judge([peers.counter_check(grown), *health.xid_readability_checks(before, after)], grown)
+    corrected = health.corrected_checks(before, after, hw.burnin, hw.name)
+    xids = health.xid_readability_checks(before, after, require=hw.burnin.require_xid_source, profile=hw.name)
+    for warning in health.xid_warnings(xids):  # a permission is not a sick node (burnin.require_xid_source)
+        warnings.warn(GpuClusterWarning(warning), stacklevel=1)
+    checks = [peers.counter_check(grown), *corrected, *xids]
+    judge(checks, [*grown, *(health.suspect_of(c) for c in corrected if c.failed and c.measured)])
 
 
 def test_version_drift(

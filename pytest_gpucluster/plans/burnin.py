@@ -50,11 +50,19 @@ INJECTED_DELAY_S = 0.02
 """The self-test's straggler sleeps this long before each timed call: far above any tolerance."""
 
 
-def health_part(nodes: int, settings: Any) -> Part:
-    """The health job on ``nodes`` nodes, its deadline `burnin_deadlines.health_deadline`
-    (``settings``: the session's, for ``--job-timeout`` and ``--rendezvous-timeout``)."""
-    deadline = health_deadline(nodes, settings)
-    return Part("burnin-health", HEALTH, nodes=nodes, timeout_s=deadline.seconds, deadline=deadline.text)
+def health_part(nodes: int, settings: Any, load_s: float = 5.0) -> Part:
+    """The health job on ``nodes`` nodes, each GPU loaded for ``load_s`` (``burnin.load_duration``),
+    its deadline `burnin_deadlines.health_deadline` (``settings``: the session's, for
+    ``--job-timeout`` and ``--rendezvous-timeout``)."""
+    deadline = health_deadline(nodes, settings, load_s)
+    return Part(
+        "burnin-health",
+        HEALTH,
+        {"load_s": load_s},
+        nodes=nodes,
+        timeout_s=deadline.seconds,
+        deadline=deadline.text,
+    )
 
 
 def straggler_sweep_part(nodes: int, settings: Any, backend: str, inject_rank: int | None = None) -> Part:

@@ -60,9 +60,11 @@ DCGM_STARTUP_S = 60.0
 """The minute the DCGM job always had beyond the diag's own time: its start-up."""
 
 
-def health_deadline(nodes: int, settings: Any) -> Deadline:
-    """The health job on every node at once (``workloads.health:health``)."""
-    return work_deadline(HEALTH_WORK_S, "the health measurements' estimate", JOB_MINIMUM_S, nodes, settings)
+def health_deadline(nodes: int, settings: Any, load_s: float = 5.0) -> Deadline:
+    """The health job on every node at once (``workloads.health:health``), its GPU load
+    ``load_s`` (``burnin.load_duration``) on top of the measurements' estimate."""
+    how = "the health measurements' estimate" + (f" + the {seconds(load_s)} GPU load" if load_s > 5.0 else "")
+    return work_deadline(HEALTH_WORK_S + max(load_s - 5.0, 0.0), how, JOB_MINIMUM_S, nodes, settings)
 
 
 def counters_deadline(nodes: int, settings: Any) -> Deadline:

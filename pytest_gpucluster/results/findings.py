@@ -8,8 +8,8 @@ run's measurements and test outcomes (pure: the same run always gives the same f
 
 Reason classes (`REASONS`):
 
-- ``hardware`` — a named host, GPU or port misses while its peers (the same metric, scope and
-  point on the other hosts/GPUs/ports) pass, or a health metric that only hardware fails (ECC,
+- ``hardware`` — a named host, GPU or port misses while most of its peers (the same metric, scope
+  and point on the other hosts/GPUs/ports; `MIN_PEERS` or more) pass, or a health metric that only hardware fails (ECC,
   XID, remapped rows, link state, port errors, PCIe width...) failed.
 - ``threshold`` — the value missed its threshold alike across the fleet (more than half of its
   peers missed too), or no peer can tell: a cluster-wide value (an inter-node sweep, scaling,
@@ -46,6 +46,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pytest_gpucluster.burnin.drain import Suspect
 from pytest_gpucluster.results.model import Measurement, TestOutcome
 from pytest_gpucluster.results.text import failure_message, format_value
 
@@ -100,6 +101,9 @@ HARDWARE_METRICS = (
     "numerics.known_answer",
 )
 """Metrics only hardware fails: their failure is a hardware finding even with no peer to compare."""
+MIN_PEERS = 3
+"""A value is an outlier (hardware) only when at least this many peers were judged and most of them
+passed: one of two ranks being slow on a shared machine says nothing about which one is broken."""
 RMA_METRICS = ("burnin.row_remap_failure", "burnin.retired_pages")
 PORT_METRICS = ("fabric.", "burnin.pair_", "burnin.soak.")
 """Metrics whose ``device``/``port``/``pair`` labels name a NIC port, an interface or a link between
@@ -289,11 +293,16 @@ def _classify(m: Measurement, peers: _Peers) -> tuple[ReasonClass, Action, str]:
     host, gpu, port = host_of(m.labels), gpu_of(m.labels), port_of(m.metric, m.labels)
     judged, failing = peers.judged, peers.failing
     health = m.metric.startswith(HARDWARE_METRICS)
-    outlier = judged >= 2 and failing * 2 <= judged
+    outlier = judged >= MIN_PEERS and failing * 2 < judged
     if not (host or gpu or port) or not (health or outlier):
-        if judged >= 2:
+        if judged >= MIN_PEERS:
             why = (
                 f"{failing} of {judged} peers missed alike: review the threshold ({_source(m)}) or the fabric"
+            )
+        elif judged == 2:
+            why = (
+                f"{failing} of 2 peers missed: too few to single one out; review the threshold "
+                f"({_source(m)}), then rerun"
             )
         else:
             why = f"a cluster-wide value with no peer to compare: review the threshold ({_source(m)}), then rerun"
@@ -371,21 +380,72 @@ def _from_outcome(o: TestOutcome, hosts: Sequence[str]) -> Finding:
     )
 
 
+def _from_suspect(s: Suspect, counted: Measurement | None) -> Finding:
+    """A node, GPU or link a burn-in check named by comparing it with its peers (a straggler, a
+    slow pair): hardware, its rung by what is named."""
+    if s.kind == "link":
+        action: Action = "reseat/replace cable or NIC"
+    elif s.kind == "gpu" or s.gpu:
+        action = "reset GPU"
+    else:
+        action = "drain node"
+    return Finding(
+        metric=counted.metric if counted is not None else f"burnin.{s.check}",
+        reason="hardware",
+        action=action,
+        why=f"named by the burn-in's {s.check} check against its peers",
+        host=None if s.kind == "link" else s.node,
+        gpu=s.gpu,
+        port=f"link {s.node} <-> {s.peer}" if s.kind == "link" else None,
+        scope=counted.scope if counted is not None else None,
+        labels={k: v for k, v in (("rank", s.rank),) if v is not None},
+        test_id=s.source,
+        message=s.line() + (f"\n{failure_message(counted)}" if counted is not None else ""),
+    )
+
+
 def findings_of(
-    measurements: Sequence[Measurement], outcomes: Sequence[TestOutcome] = (), hosts: Sequence[str] = ()
+    measurements: Sequence[Measurement],
+    outcomes: Sequence[TestOutcome] = (),
+    hosts: Sequence[str] = (),
+    suspects: Sequence[Suspect] = (),
 ) -> list[Finding]:
     """Every failure of a run as a finding, highest rung of the ladder first, then by host.
 
     A failed value (the last of its key: a confirmation supersedes its first measurement) gives
     one finding; a failed test that recorded no failed value gives one too (workload failed, or a
     regression). ``hosts`` are the run's hosts, to find the one a crash message names.
+    ``suspects`` are the drain list's (suspects.json): a failed count of a test that named
+    suspects (stragglers, slow pairs: a value that names no one) becomes one finding per suspect,
+    and a suspect that no failed value of its test names becomes one too.
     """
     latest = {m.key: m for m in measurements}
     groups: dict[tuple[str, str, str], list[Measurement]] = defaultdict(list)
     for m in latest.values():
         groups[_point(m)].append(m)
     peers = {point: _Peers.of(members) for point, members in groups.items()}
-    found = [_from_measurement(m, peers[_point(m)]) for m in latest.values() if m.failed]
+    named: dict[str, list[Suspect]] = defaultdict(list)
+    for s in suspects:
+        named[s.source].append(s)
+    found: list[Finding] = []
+    counts: dict[str, Measurement] = {}
+    for m in latest.values():
+        if not m.failed:
+            continue
+        if named.get(m.test_id) and not (
+            host_of(m.labels) or gpu_of(m.labels) or port_of(m.metric, m.labels)
+        ):
+            counts.setdefault(m.test_id, m)  # the suspects say who
+            continue
+        found.append(_from_measurement(m, peers[_point(m)]))
+    # a suspect whose test already has a failed value naming its host (or a link) is that finding
+    covered = {(f.test_id, f.host) for f in found if f.host} | {
+        (f.test_id, "link") for f in found if f.port and f.port.startswith("link ")
+    }
+    for source, listed in named.items():
+        for s in listed:
+            if (source, "link" if s.kind == "link" else s.node) not in covered:
+                found.append(_from_suspect(s, counts.get(source)))
     with_failed_values = {f.test_id for f in found}
     for o in outcomes:
         if o.outcome in ("failed", "error") and o.category != "pass" and o.test_id not in with_failed_values:

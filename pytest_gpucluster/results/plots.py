@@ -220,22 +220,25 @@ def _ordered(ms: list[Measurement]) -> tuple[list[Measurement], str | None]:
 
 
 def _outliers(ms: list[Measurement]) -> list[int]:
-    """Indices to label: the failures, then the values farthest from the median (robust z > 3)."""
+    """Indices to label: the failures, then the values farthest from the median of their point (the
+    same labels but who: one SFT case, one size) by more than 3 median absolute deviations."""
     failing = [i for i, m in enumerate(ms) if m.failed]
-    values = [m.value for m in ms if math.isfinite(m.value)]
-    if len(values) < 3:
-        return failing[:LABELLED]
-    median = statistics.median(values)
-    mad = statistics.median(abs(v - median) for v in values) or abs(median) * 1e-3 or 1.0
-    far = sorted(
-        (
-            i
-            for i, m in enumerate(ms)
-            if math.isfinite(m.value) and abs(m.value - median) / mad > 3 and not m.failed
-        ),
-        key=lambda i: -abs(ms[i].value - median),
-    )
-    return (failing + far)[:LABELLED]
+    points: dict[str, list[int]] = defaultdict(list)
+    for i, m in enumerate(ms):
+        if math.isfinite(m.value) and not m.failed:
+            points[label_text({k: v for k, v in m.labels.items() if k not in WHO_LABELS})].append(i)
+    far: list[tuple[float, int]] = []
+    for members in points.values():
+        if len(members) < 5:
+            continue
+        values = [ms[i].value for i in members]
+        median = statistics.median(values)
+        mad = statistics.median(abs(v - median) for v in values)
+        if mad <= 0:
+            continue
+        far += [(abs(ms[i].value - median) / mad, i) for i in members if abs(ms[i].value - median) / mad > 3]
+    far.sort(reverse=True)
+    return (failing + [i for _, i in far])[:LABELLED]
 
 
 def _draw_bars(ax: Any, g: _Group, factor: float) -> str:
@@ -266,11 +269,12 @@ def _draw_bars(ax: Any, g: _Group, factor: float) -> str:
     else:
         ax.scatter(positions, values, c=colors, s=[30 if m.failed else 4 for m in ms])
         ax.set_xlabel(f"{len(ms)} values, sorted worst first")
-        for i in labelled:
+        for n, i in enumerate(labelled):
+            step = 12 * (n + 1)  # stagger the names: outliers often sit side by side
             ax.annotate(
                 names[i],
                 (i, values[i]),
-                xytext=(8, -10 if direction == "higher" else 10),
+                xytext=(8, -step if direction == "higher" else step),
                 textcoords="offset points",
                 fontsize=7,
                 color="tab:red" if ms[i].failed else "black",

@@ -11,11 +11,19 @@ import csv
 import io
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_gpucluster.burnin.drain import DRAINING_ACTIONS, SUSPECTS_FILE, write_findings
+from pytest_gpucluster.burnin import BurninError
+from pytest_gpucluster.burnin.drain import (
+    DRAINING_ACTIONS,
+    SUSPECTS_FILE,
+    Suspect,
+    read_suspects,
+    write_findings,
+)
 from pytest_gpucluster.results.baseline import BaselineComparison, GateMode, RunResults, compare_runs
 from pytest_gpucluster.results.chart_groups import uncharted_rows
 from pytest_gpucluster.results.comparison_text import (
@@ -28,7 +36,7 @@ from pytest_gpucluster.results.comparison_text import (
 )
 from pytest_gpucluster.results.findings import Finding, findings_of
 from pytest_gpucluster.results.gate import Tolerances
-from pytest_gpucluster.results.matrix import node_matrix
+from pytest_gpucluster.results.matrix import Column, node_matrix
 from pytest_gpucluster.results.model import TestOutcome
 from pytest_gpucluster.results.plots import Plot, render_plots, unavailable
 from pytest_gpucluster.results.recorder import Recorder
@@ -100,6 +108,8 @@ def _environment(run: RunResults) -> list[tuple[str, str]]:
 MEASUREMENT_ROWS = 300
 """Rows of the measurement table in the report (failures first); every value is in summary.csv."""
 FINDING_ROWS = 500
+SUMMARY_FINDINGS = 20
+"""Findings printed in the terminal summary (all of them are in results.json and the report)."""
 
 
 def _logs_href(run: RunResults, out_dir: Path) -> str | None:
@@ -115,18 +125,21 @@ def _blocks(
     plots: list[Plot],
     note: str | None,
     out_dir: Path,
+    columns: Sequence[Column] = (),
 ) -> list[Block]:
     """The report's content once; Markdown and HTML only render it (``render.py``). Order: the
     sign-off (verdict, node x area matrix with the next action per node, findings, skips), then
     the raw failures and the baseline comparison, the charts, every number, the setup."""
     hosts = [str(h) for h in run.fingerprint.get("hosts") or ()]
-    findings = findings_of(run.measurements, run.outcomes, hosts)
+    findings = findings_of(run.measurements, run.outcomes, hosts, suspects_beside(Path(run.source)))
     matrix = node_matrix(run.measurements, run.outcomes, findings, hosts)
     matrix.add_column(action_column(findings, [r.name for r in matrix.nodes]))
     if run.history:
         from pytest_gpucluster.results.history.column import history_column
 
         matrix.add_column(history_column(run.history))
+    for column in columns:
+        matrix.add_column(column)
     verdict = verdict_of(run.outcomes, findings, matrix, len(run.measurements))
     blocks: list[Block] = [("verdict", verdict), ("matrix", matrix)]
     if findings:
@@ -234,16 +247,22 @@ def _write_atomic(path: Path, data: str | bytes) -> None:
 
 
 def write_reports(
-    run: RunResults, out_dir: Path, comparison: BaselineComparison | None = None, *, charts: bool = True
+    run: RunResults,
+    out_dir: Path,
+    comparison: BaselineComparison | None = None,
+    *,
+    charts: bool = True,
+    columns: Sequence[Column] = (),
 ) -> ReportFiles:
     """Write report.md, report.html, summary.csv and plots/*.png into ``out_dir`` (``charts=False``:
-    no plots, the report says so)."""
+    no plots, the report says so; ``columns``: more columns of the node matrix, after the next
+    action, e.g. each node's history)."""
     if comparison is None and run.baseline:
         comparison = BaselineComparison.from_json(run.baseline)
     out_dir.mkdir(parents=True, exist_ok=True)
     note = unavailable() if charts else "charts were not asked for"
     old_values = (
-        {c.key: c.old for c in comparison.changes if c.basis != "median over hosts"}
+        {c.key: c.old for c in comparison.changes if c.basis in ("same point", "per host")}
         if comparison is not None
         else {}
     )
@@ -264,7 +283,7 @@ def write_reports(
         plots=tuple(plot_paths),
         note=note,
     )
-    blocks = _blocks(run, comparison, plots, note, out_dir)
+    blocks = _blocks(run, comparison, plots, note, out_dir, columns)
     _write_atomic(files.markdown, markdown(blocks))
     _write_atomic(files.html, page(blocks))
     _write_atomic(files.csv, _csv(run, comparison))
@@ -278,10 +297,19 @@ class Finished:
     comparison: BaselineComparison | None
     files: ReportFiles | None
     error: str | None = None
+    findings: tuple[Finding, ...] = ()
 
     def summary_args(self) -> dict[str, Any]:
         note = self.error or (f"no plots: {self.files.note}" if self.files and self.files.note else None)
+        shown = [f"  {f.line()}" for f in self.findings[:SUMMARY_FINDINGS]]
+        if len(self.findings) > SUMMARY_FINDINGS:
+            shown.append(f"  ... {len(self.findings) - SUMMARY_FINDINGS} more in results.json and the report")
         return {
+            "finding_lines": (
+                [f"FINDINGS (where: what -> reason class; next action): {len(self.findings)}", *shown]
+                if self.findings
+                else ()
+            ),
             "comparison_lines": (
                 comparison_lines(self.comparison, show_ok=False, limit=40) if self.comparison else ()
             ),
@@ -322,25 +350,36 @@ def finish_run(
                     message=_unreported(comparison),
                 )
             )
-    record_findings(recorder, out_dir)
+    findings = tuple(record_findings(recorder, out_dir))
     recorder.flush()
     try:
         run = RunResults.from_json(recorder.to_json(), str(recorder.path))
-        return Finished(comparison, write_reports(run, out_dir, comparison))
+        return Finished(comparison, write_reports(run, out_dir, comparison), findings=findings)
     except Exception as exc:  # a plotting bug or a full disk must not hide the test results
-        return Finished(comparison, None, f"could not be written to {out_dir}: {type(exc).__name__}: {exc}")
+        error = f"could not be written to {out_dir}: {type(exc).__name__}: {exc}"
+        return Finished(comparison, None, error, findings)
 
 
 def record_findings(recorder: Recorder, out_dir: Path) -> list[Finding]:
     """The run's findings into results.json (``findings``) and into the drain list (suspects.json,
     where burn-in wrote one or a finding needs a host drained)."""
     hosts = [str(h) for h in (recorder.header.get("fingerprint") or {}).get("hosts") or ()]
-    findings = findings_of(recorder.measurements, recorder.outcomes, hosts)
+    suspects = suspects_beside(out_dir / "results.json")
+    findings = findings_of(recorder.measurements, recorder.outcomes, hosts, suspects)
     recorder.header["findings"] = [f.to_json() for f in findings]
     drain_list = out_dir / SUSPECTS_FILE
     if drain_list.exists() or any(f.action in DRAINING_ACTIONS and f.host for f in findings):
         write_findings(drain_list, recorder.header["findings"])
     return findings
+
+
+def suspects_beside(results: Path) -> list[Suspect]:
+    """The burn-in's suspects in the suspects.json next to a results.json (none: no file, or one
+    that cannot be read — the report is still written, from the values alone)."""
+    try:
+        return read_suspects(results.parent / SUSPECTS_FILE)
+    except BurninError:
+        return []
 
 
 def _unreported(comparison: BaselineComparison) -> str:

@@ -36,6 +36,7 @@ pynvml only. The node's NVML readings, XID events and versions are read by ``_no
 
 from __future__ import annotations
 
+import getpass
 import os
 import statistics
 import time
@@ -171,7 +172,10 @@ def counters(ctx: RankContext) -> dict[str, Any]:
     """ECC, retired-page and remapped-row counters of this rank's GPU, and its node's XID events."""
     import torch
 
-    result: dict[str, Any] = {"rank": ctx.rank, "host": ctx.host, "local_rank": ctx.local_rank}
+    result: dict[str, Any] = {
+        "rank": ctx.rank, "host": ctx.host, "local_rank": ctx.local_rank, "taken_at": time.time(),
+        "user": getpass.getuser(),
+    }  # fmt: skip
     if not ctx.is_cuda:
         why = f"{ctx.host} has no CUDA device, so there are no ECC or XID counters to read"
         result["skipped"] = {"nvml": why, "xid": why}

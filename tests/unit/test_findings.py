@@ -18,7 +18,7 @@ from pytest_gpucluster.results.report import finish_run
 
 REAL_RUN = Path(__file__).parents[1] / "data" / "results" / "cpu_local_run.json"
 """A real ``pytest acceptance/ --hw=cpu-local`` run on this 2-core machine (loaded: rank 0's CPU
-matmul missed its floor while rank 1's passed)."""
+matmul missed its floor while rank 1's passed: two peers are too few to call it hardware)."""
 REF = ThresholdRef("h200", ("burnin", "min_gpu_matmul"))
 
 
@@ -36,17 +36,17 @@ def _gpus(slow: tuple[str, str] | None = None, low: float = 600e12) -> list[Meas
     return out
 
 
-def test_the_real_cpu_local_run_gives_one_hardware_finding_for_the_slow_rank():
+def test_the_real_cpu_local_run_gives_one_finding_for_the_slow_rank():
     run = read_results(REAL_RUN)
     findings = findings_of(run.measurements, run.outcomes, ["vm"])
     assert [(f.metric, f.host, f.reason, f.action) for f in findings] == [
-        ("burnin.cpu_matmul", "vm", "hardware", "drain node")
+        ("burnin.cpu_matmul", "vm", "threshold", "rerun")
     ]
     (slow,) = findings
     assert slow.labels == {"host": "vm", "rank": 0}
     assert slow.source == "profile cpu-local: burnin.min_cpu_matmul"
     assert slow.measured is not None and slow.threshold is not None and slow.measured < slow.threshold
-    assert "1 of 2 peers passed" in slow.why
+    assert slow.why.startswith("1 of 2 peers missed: too few to single one out")
     # the failed test is the same failure: not a second finding
     assert slow.test_id == "acceptance/test_burnin.py::test_rank_health_cpu"
 
@@ -166,8 +166,13 @@ def test_findings_are_ordered_by_rung_and_survive_json():
 def test_the_end_of_a_run_writes_the_findings_to_results_json_and_the_drain_list(tmp_path):
     recorder = Recorder(tmp_path / "results.json", header={"fingerprint": {"hosts": ["node01", "node02"]}})
     recorder.measurements.extend(_gpus(slow=("node01", "3")))
-    write_suspects(tmp_path / SUSPECTS_FILE, [Suspect(node="node01", reason="slow GPU 3", check="health")])
-    finish_run(recorder, tmp_path, None, 0.05)
+    slow = Suspect(node="node01", reason="slow GPU 3", check="health", source="acceptance/test_burnin.py::t")
+    write_suspects(tmp_path / SUSPECTS_FILE, [slow])  # its failed value names it already: one finding
+    finished = finish_run(recorder, tmp_path, None, 0.05)
+    assert finished.summary_args()["finding_lines"] == [
+        "FINDINGS (where: what -> reason class; next action): 1",
+        "  node01, GPU 3: burnin.gpu_matmul: 600 TFLOP/s (expected >= 800 TFLOP/s) -> hardware; reset GPU",
+    ]
     stored = json.loads((tmp_path / "results.json").read_text())["findings"]
     assert [(f["host"], f["gpu"], f["reason"], f["action"]) for f in stored] == [
         ("node01", "3", "hardware", "reset GPU")
@@ -186,3 +191,27 @@ def test_a_test_that_ended_not_measured_without_a_recorded_value_is_a_not_measur
     )
     (f,) = findings_of([], [gap])
     assert (f.reason, f.action) == ("not measured", "rerun")
+
+
+def test_stragglers_and_slow_links_named_by_the_burn_in_become_findings_of_their_own():
+    test = "acceptance/test_burnin.py::test_collective_stragglers"
+    count = Check("burnin.rank_collective_lag.stragglers", 2, "ranks", 0, "<=")
+    count = Measurement.of(count, test_id=test, time=0.0)
+    suspects = [
+        Suspect(node="node07", rank=13, reason="rank 13 on node07: 20 ms", check="straggler", source=test),
+        Suspect(
+            node="node02", gpu="GPU 1", kind="gpu", reason="GPU 1: 3x slower", check="straggler", source=test
+        ),
+        Suspect(
+            node="node03", peer="node04", kind="link", reason="pair slow", check="pairwise", source="t::pairs"
+        ),
+    ]
+    found = findings_of([count], [], ["node02", "node03", "node04", "node07"], suspects)
+    assert [(f.host, f.gpu, f.port, f.reason, f.action) for f in found] == [
+        (None, None, "link node03 <-> node04", "hardware", "reseat/replace cable or NIC"),
+        ("node02", "GPU 1", None, "hardware", "reset GPU"),
+        ("node07", None, None, "hardware", "drain node"),
+    ]
+    assert found[2].metric == "burnin.rank_collective_lag.stragglers" and found[2].labels == {"rank": 13}
+    assert found[2].message.startswith("node node07 (rank 13): rank 13 on node07: 20 ms")
+    assert found[0].metric == "burnin.pairwise" and found[0].test_id == "t::pairs"

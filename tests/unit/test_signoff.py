@@ -112,7 +112,7 @@ def test_the_real_run_report_starts_with_the_verdict_and_the_matrix(tmp_path):
     files = write_reports(read_results(REAL_RUN), tmp_path, charts=False)
     lines = [line for line in files.markdown.read_text().splitlines() if line]
     assert lines[1] == "**NOT FIT: 22 passed, 1 below threshold, 21 skipped**"
-    assert lines[2].startswith("1 of 1 node(s) fail: vm (drain node).")
+    assert lines[2].startswith("1 of 1 node(s) fail: vm (rerun).")
     assert lines[3].startswith("| node | inventory | collectives intra |")
     assert lines[5].startswith("| cluster |") and lines[6].startswith("| vm |")
 
@@ -139,5 +139,20 @@ def test_gpucluster_report_rebuilds_an_old_results_file(tmp_path, capsys):
     assert cli.main(["report", str(tmp_path / "results.json"), "--out", str(tmp_path / "out")]) == 0
     md = (tmp_path / "out" / "report.md").read_text()
     assert "**NOT FIT: 22 passed, 1 below threshold, 21 skipped**" in md
-    assert "| vm, rank" not in md and "drain node" in md
+    assert "| vm | burnin.cpu_matmul | 0.02386 TFLOP/s | >= 0.028 TFLOP/s |" in md
     assert area_of("collectives.all_reduce.busbw", "inter-node").key == "coll_inter"
+
+
+def test_a_fleet_chart_names_the_planted_gpu_and_no_healthy_one(fleet64):
+    pytest.importorskip("matplotlib", reason="charts need matplotlib")
+    from pytest_gpucluster.results.plots import render_plots
+
+    run, planted = fleet64
+    memory = [m for m in run.measurements if m.metric in ("burnin.cpu_matmul", "sft.peak_memory")]
+    matmul, peak = render_plots(memory)
+    assert matmul.title == "burnin.cpu_matmul" and matmul.png.startswith(b"\x89PNG")
+    slow = f"{planted.slow_node}/GPU {planted.slow_gpu}"
+    assert matmul.caption.startswith(f"512 values, 1 failing (red); outliers: {slow} 0.0175")
+    assert "; " not in matmul.caption.split("outliers: ", 1)[1]  # ±2% noise: no healthy GPU named
+    # two SFT cases in one chart: each GPU is judged against its own case, so none stands out
+    assert peak.caption.startswith("1024 values (lower is better)") and "outliers" not in peak.caption

@@ -106,6 +106,14 @@ def cmd_trend(args: argparse.Namespace) -> int:
                 "-".ljust(22) if point is None else f"{format_value(point[0], unit)} (n={point[1]})".ljust(22)
             )
         print("  " + "  ".join([f"#{run.id}".ljust(6), when(run).ljust(20), *cells]))
+    if args.plot:
+        from pytest_gpucluster.results.history.trend_plot import trend_png
+        from pytest_gpucluster.results.plots import unavailable
+
+        if (why := unavailable()) is not None:
+            raise GpuClusterError(f"no chart: {why}")
+        Path(args.plot).write_bytes(trend_png(args.metric, unit, runs, series))
+        print(f"chart: {args.plot}")
     return 0
 
 
@@ -162,4 +170,5 @@ def add_history_command(sub: Any) -> None:
     tr = action("trend", "one metric per node across runs")
     tr.add_argument("metric")
     tr.add_argument("--last", type=_positive, default=None, metavar="N", help="only the last N runs")
+    tr.add_argument("--plot", metavar="FILE.png", help="also draw the fleet's median, band and outlier nodes")
     tr.set_defaults(func=cmd_trend)

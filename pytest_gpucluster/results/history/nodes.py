@@ -13,8 +13,11 @@ reason class and the next action from the findings' ladder.
 * the same component of the node failed in ``recurring`` or more runs: a GPU that fails again
   and again is the GPU, not bad luck.
 
-A node with one transient failure is named by neither rule. The defaults (10 runs, 20 %, 3 runs)
-are policy, not a measurement: one bad run in ten is tolerated, three are not.
+Only failures that are the node's own count: a finding of reason class ``threshold`` (the value
+missed alike across the fleet, or no peer could tell) says the profile or the whole fabric is
+off, not this node, and is shown by ``history node`` but never makes a lemon. A node with one
+transient failure is named by neither rule. The defaults (10 runs, 20 %, 3 runs) are policy, not
+a measurement: one bad run in ten is tolerated, three are not.
 
 Reads through `HistoryStore`; no pytest.
 """
@@ -47,6 +50,8 @@ __all__ = [
 DEFAULT_WINDOW = 10
 DEFAULT_MAX_FAILURE_RATE = 0.2
 DEFAULT_RECURRING = 3
+FLEET_REASONS = frozenset({"threshold"})
+"""Reason classes that do not count against a node (module docstring)."""
 
 
 def when(run: StoredRun) -> str:
@@ -152,7 +157,7 @@ def find_lemons(
 ) -> list[Lemon]:
     """The nodes either rule names over the last ``window`` runs (module docstring), worst first."""
     runs = store.runs(last=window)
-    found = failures(store, runs)
+    found = [f for f in failures(store, runs) if f.reason_class not in FLEET_REASONS]
     by_host: dict[str, list[Failure]] = defaultdict(list)
     for failure in found:
         by_host[failure.host].append(failure)
