@@ -155,12 +155,25 @@ def test_injected_straggler_is_named(
     assert problem is None, problem
 
 
-def _counters(cluster: Any, session: Any, hw: Any) -> list[dict[str, Any]]:
+def _counters(cluster: Any, session: Any, hw: Any, phase: str) -> list[dict[str, Any]]:
     if hw.cluster.device != "cuda":
         pytest.skip(f"profile {hw.name} is a CPU profile: no GPUs, so no ECC or XID counters to read")
     nodes = session.available_nodes
+    # the NVML XID listener the first reading starts on each node and the last one stops
+    watch = {
+        "dir": plans.xid_watch_dir(session.recorder.started_at),
+        "phase": phase,
+        "max_s": plans.XID_WATCH_MAX_S,
+    }
     deadline = counters_deadline(nodes, session.settings)
-    job = run_with_deadline(cluster, plans.COUNTERS, deadline, nodes=nodes, name="burnin-counters")
+    job = run_with_deadline(
+        cluster,
+        plans.COUNTERS,
+        deadline,
+        nodes=nodes,
+        name=f"burnin-counters-{phase}",
+        options={"xid_watch": watch},
+    )
     if not any(v.get("nvml") for v in job.values):
         pytest.skip(
             "ECC/XID counters: " + (health.skip_sentence(job.values, "nvml") or "NVML returned nothing")
@@ -170,14 +183,14 @@ def _counters(cluster: Any, session: Any, hw: Any) -> list[dict[str, Any]]:
 
 def test_counters_before(cluster: Any, gpucluster_session: Any, hw: Any, request: Any) -> None:
     """ECC, retired-page, remapped-row counters and XID events before the run (conftest runs this first)."""
-    request.config.stash[COUNTERS_BEFORE] = _counters(cluster, gpucluster_session, hw)
+    request.config.stash[COUNTERS_BEFORE] = _counters(cluster, gpucluster_session, hw, "before")
 
 
 def test_counters_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any, request: Any) -> None:
     """The same counters after the run (conftest runs this last): uncorrectable ECC errors, retired
     pages and uncorrectable remapped rows that grew, a pending or failed row remap, and new XIDs
     fail, naming the GPU; corrected errors are recorded (gated as a rate where the profile says)."""
-    after = _counters(cluster, gpucluster_session, hw)
+    after = _counters(cluster, gpucluster_session, hw, "after")
     before = request.config.stash.get(COUNTERS_BEFORE, None)
     if before is None:
         pytest.skip(

@@ -33,6 +33,16 @@ __all__ = [
 
 HEALTH = "pytest_gpucluster.workloads.health:health"
 COUNTERS = "pytest_gpucluster.workloads.health:counters"
+XID_WATCH_MAX_S = 24 * 3600.0
+"""The longest a node's session-spanning NVML XID listener lives if no last reading stops it."""
+
+
+def xid_watch_dir(session_started_at: float) -> str:
+    """The node-local folder of the session's XID listener (``workloads/xid_watch.py``): one per
+    session, named by its start, so the first and last counters readings find the same one."""
+    return f"/tmp/gpucluster-xid-watch-{int(session_started_at * 1000)}"
+
+
 FABRIC = "pytest_gpucluster.workloads.fabric_probe:node_snapshot"
 DCGM = "pytest_gpucluster.workloads.dcgm_diag:diag"
 SWEEP = "pytest_gpucluster.workloads.collectives:sweep"

@@ -140,9 +140,18 @@ class Finding:
     problem: str | None = None
     """``not measured`` / ``broken measurement`` when the check said so."""
 
+    @property
+    def component(self) -> str | None:
+        """The GPU or port named, else the rank (``rank 3``) where the value names one."""
+        if self.gpu:
+            return f"GPU {self.gpu}"
+        if self.port:
+            return self.port
+        rank = self.labels.get("rank")
+        return None if rank is None else f"rank {rank}"
+
     def where(self) -> str:
-        parts = [p for p in (self.host, self.gpu and f"GPU {self.gpu}", self.port) if p]
-        return ", ".join(parts) or "cluster"
+        return ", ".join(p for p in (self.host, self.component) if p) or "cluster"
 
     def value_text(self) -> str:
         if self.measured is None:
@@ -265,7 +274,11 @@ def _point(m: Measurement) -> tuple[str, str, str]:
 
 
 def _source(m: Measurement) -> str:
-    return str(m.ref) if m.ref is not None else "a rule of the check (no profile key)"
+    return (
+        str(m.ref)
+        if m.ref is not None
+        else "no profile key recorded (a rule of the check, or a results.json older than schema 2)"
+    )
 
 
 @dataclass(frozen=True, slots=True)

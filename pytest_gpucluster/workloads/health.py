@@ -42,6 +42,7 @@ import statistics
 import time
 from typing import Any
 
+from pytest_gpucluster.workloads import xid_watch
 from pytest_gpucluster.workloads._gpu_health import ecc_smi_text, gpu_under_load
 from pytest_gpucluster.workloads._node_facts import nvml_readings, versions, xid_events
 from pytest_gpucluster.workloads._runtime import RankContext
@@ -184,6 +185,7 @@ def counters(ctx: RankContext) -> dict[str, Any]:
     result["nvml"] = nvml
     if ctx.local_rank == 0:
         _add_xids(ctx, result, skipped)
+        _xid_watch(ctx, result, skipped)
     result["skipped"] = skipped
     return result
 
@@ -195,6 +197,26 @@ def _add_xids(ctx: RankContext, result: dict[str, Any], skipped: dict[str, str])
         skipped["xid"] = why or f"XID events not readable on {ctx.host}"
     else:
         result["xid_events"], result["xid_source"] = xids, source
+
+
+def _xid_watch(ctx: RankContext, result: dict[str, Any], skipped: dict[str, str]) -> None:
+    """The node's session-spanning NVML XID listener (``workloads/xid_watch.py``): started by the
+    first reading (``phase`` before), read and stopped by the last (after)."""
+    watch = ctx.options.get("xid_watch") or {}
+    if not watch.get("dir"):
+        return
+    if watch.get("phase") == "before":
+        ok, why = xid_watch.start(watch["dir"], float(watch.get("max_s", 86400.0)))
+        if ok:
+            result["xid_watch"] = xid_watch.SOURCE
+        else:
+            skipped["xid_watch"] = f"{ctx.host}: {why}"
+        return
+    events, why = xid_watch.collect(watch["dir"])
+    if events is None:
+        skipped["xid_watch"] = f"{ctx.host}: {why}"
+    else:
+        result["xid_watch"], result["xid_watch_events"] = xid_watch.SOURCE, events
 
 
 def pair_allreduce(ctx: RankContext) -> dict[str, Any]:

@@ -272,20 +272,24 @@ def counter_increases(
                     )
                 )  # fmt: skip
     old_xids = _xids(before)
+    new_by_host: dict[str, list[Mapping[str, Any]]] = {}
     for host, events in _xids(after).items():
-        if host not in old_xids:
-            continue
-        seen = {e.get("line") for e in old_xids[host]}
-        new = [e for e in events if e.get("line") not in seen]
+        if host in old_xids:
+            seen = {e.get("line") for e in old_xids[host]}
+            new_by_host[host] = [e for e in events if e.get("line") not in seen]
+    for host, events in _watched(after).items():
+        new_by_host.setdefault(host, events)  # the kernel log, where readable, says the same
+    for host, new in new_by_host.items():
         gpu_of = {_pci_key(bus): v for (h, bus), v in _gpus(after).items() if h == host}
         for event in new:
             pci = str(event.get("pci", "")).lower()
             match = gpu_of.get(_pci_key(pci))
             gpu = (match.get("nvml") or {}).get("gpu") if match else f"the GPU at PCI {pci}"
+            said = event.get("line") or f"reported by NVML for PCI {pci}"
             suspects.append(
                 Suspect(
                     node=host, kind="gpu", gpu=gpu, check="counters",
-                    reason=f"XID {event.get('xid')} during the run: {event.get('line', '')}",
+                    reason=f"XID {event.get('xid')} during the run: {said}",
                     evidence={"xid": event.get("xid"), "pci": pci},
                 )
             )  # fmt: skip
@@ -335,16 +339,30 @@ def corrected_checks(
     return out
 
 
+def _watched(values: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """``host -> XID events`` of the session-spanning NVML listener (the last reading carries them)."""
+    return {
+        str(v["host"]): list(v["xid_watch_events"])
+        for v in values
+        if isinstance(v.get("xid_watch_events"), list)
+    }
+
+
 def _xid_state(values: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str | None, str | None]]:
     """``host -> (source, why)`` from the values of one reading: the node's first rank carries
-    ``xid_source`` with ``xid_events``, or ``skipped["xid"]``."""
+    ``xid_source`` with ``xid_events`` (the kernel log) or ``xid_watch`` (the session's NVML
+    listener, started by the first reading and read by the last), or why neither could be read."""
     out: dict[str, tuple[str | None, str | None]] = {}
     for value in values:
         host = str(value["host"])
+        skipped = value.get("skipped") or {}
         if isinstance(value.get("xid_events"), list):
             out[host] = (str(value.get("xid_source") or "the kernel log"), None)
-        elif (value.get("skipped") or {}).get("xid"):
-            out.setdefault(host, (None, str(value["skipped"]["xid"])))
+        elif value.get("xid_watch"):
+            out[host] = (str(value["xid_watch"]), None)
+        elif skipped.get("xid") or skipped.get("xid_watch"):
+            why = "; ".join(str(skipped[k]) for k in ("xid", "xid_watch") if skipped.get(k))
+            out.setdefault(host, (None, why))
     return out
 
 
