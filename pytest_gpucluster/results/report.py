@@ -145,7 +145,7 @@ def _blocks(
     if findings:
         blocks += [
             ("h2", f"Findings: {len(findings)} (reason class and next action for each)"),
-            ("findings", findings, _logs_href(run, out_dir), FINDING_ROWS),
+            ("findings", findings, _logs_href(run, out_dir), FINDING_ROWS, out_dir.resolve()),
         ]
     if run.retest and run.retest.get("rows"):
         retest = run.retest

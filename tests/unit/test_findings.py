@@ -81,7 +81,10 @@ def test_a_cluster_wide_value_without_peers_is_a_threshold_finding():
         ]
     )
     assert (f.host, f.reason, f.action) == (None, "threshold", "rerun")
-    assert f.where() == "cluster" and f.source == "a rule of the check (no profile key)"
+    assert (
+        f.where() == "cluster"
+        and f.source == "no profile key recorded (a rule of the check, or a results.json older than schema 2)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -215,3 +218,16 @@ def test_stragglers_and_slow_links_named_by_the_burn_in_become_findings_of_their
     assert found[2].metric == "burnin.rank_collective_lag.stragglers" and found[2].labels == {"rank": 13}
     assert found[2].message.startswith("node node07 (rank 13): rank 13 on node07: 20 ms")
     assert found[0].metric == "burnin.pairwise" and found[0].test_id == "t::pairs"
+
+
+def test_a_failed_job_links_the_job_directory_its_message_names(tmp_path):
+    from pytest_gpucluster.results.render import job_dirs
+
+    message = (
+        f"JobFailed: rank 1 on node07 exited with code 1\njob directory (per-rank logs kept): "
+        f"{tmp_path}/jobs/sft-tiny-zero2-1x2-004738-76c318\n  log: /elsewhere/jobs/nccl-probe-1/rank-1.log"
+    )
+    assert job_dirs(message, tmp_path) == [
+        "jobs/sft-tiny-zero2-1x2-004738-76c318/",
+        "/elsewhere/jobs/nccl-probe-1/",
+    ]
