@@ -78,6 +78,7 @@ class DryRunCluster:
 
     def run(self, workload: Any, **kwargs: Any) -> Any:
         kwargs.pop("init_process_group", None)
+        kwargs.pop("pick_device", None)
         if self.verbose:
             for command in self._cluster.commands_for(workload, **kwargs):
                 self._write(f"[dry run] {command.host}: {command.shell_line()}")

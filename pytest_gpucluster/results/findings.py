@@ -274,7 +274,11 @@ def _point(m: Measurement) -> tuple[str, str, str]:
 
 
 def _source(m: Measurement) -> str:
-    return str(m.ref) if m.ref is not None else "a rule of the check (no profile key)"
+    return (
+        str(m.ref)
+        if m.ref is not None
+        else "no profile key recorded (a rule of the check, or a results.json older than schema 2)"
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,7 +81,10 @@ def test_a_cluster_wide_value_without_peers_is_a_threshold_finding():
         ]
     )
     assert (f.host, f.reason, f.action) == (None, "threshold", "rerun")
-    assert f.where() == "cluster" and f.source == "a rule of the check (no profile key)"
+    assert (
+        f.where() == "cluster"
+        and f.source == "no profile key recorded (a rule of the check, or a results.json older than schema 2)"
+    )
 
 
 @pytest.mark.parametrize(
