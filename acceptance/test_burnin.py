@@ -25,6 +25,7 @@ and run only with ``--gpucluster-drain``. The self-test's injected straggler is 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from pytest_gpucluster.burnin.runner import ClusterPairRunner
 from pytest_gpucluster.burnin.stragglers import Sample, find_stragglers, sweep_samples, worst_per_host
 from pytest_gpucluster.checks.burnin import health, peers
 from pytest_gpucluster.checks.ceilings import broken_above, memory_ceiling
-from pytest_gpucluster.errors import GpuClusterError
+from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning
 from pytest_gpucluster.fixtures import job_part, run_with_deadline
 from pytest_gpucluster.harness import Part, PartRun
 from pytest_gpucluster.inputs import read_texts
@@ -55,7 +56,8 @@ LAG = "time outside the all_reduce per iteration"
 @job_part
 def health_job(session: GpuClusterSession, params: Mapping[str, Any]) -> Part:
     """One health job on every node at once (the intra-node phase of the localization, too)."""
-    return plans.health_part(session.available_nodes, session.settings)
+    load_s = session.profile.model.burnin.load_duration
+    return plans.health_part(session.available_nodes, session.settings, load_s)
 
 
 @job_part
@@ -153,12 +155,25 @@ def test_injected_straggler_is_named(
     assert problem is None, problem
 
 
-def _counters(cluster: Any, session: Any, hw: Any) -> list[dict[str, Any]]:
+def _counters(cluster: Any, session: Any, hw: Any, phase: str) -> list[dict[str, Any]]:
     if hw.cluster.device != "cuda":
         pytest.skip(f"profile {hw.name} is a CPU profile: no GPUs, so no ECC or XID counters to read")
     nodes = session.available_nodes
+    # the NVML XID listener the first reading starts on each node and the last one stops
+    watch = {
+        "dir": plans.xid_watch_dir(session.recorder.started_at),
+        "phase": phase,
+        "max_s": plans.XID_WATCH_MAX_S,
+    }
     deadline = counters_deadline(nodes, session.settings)
-    job = run_with_deadline(cluster, plans.COUNTERS, deadline, nodes=nodes, name="burnin-counters")
+    job = run_with_deadline(
+        cluster,
+        plans.COUNTERS,
+        deadline,
+        nodes=nodes,
+        name=f"burnin-counters-{phase}",
+        options={"xid_watch": watch},
+    )
     if not any(v.get("nvml") for v in job.values):
         pytest.skip(
             "ECC/XID counters: " + (health.skip_sentence(job.values, "nvml") or "NVML returned nothing")
@@ -168,19 +183,26 @@ def _counters(cluster: Any, session: Any, hw: Any) -> list[dict[str, Any]]:
 
 def test_counters_before(cluster: Any, gpucluster_session: Any, hw: Any, request: Any) -> None:
     """ECC, retired-page, remapped-row counters and XID events before the run (conftest runs this first)."""
-    request.config.stash[COUNTERS_BEFORE] = _counters(cluster, gpucluster_session, hw)
+    request.config.stash[COUNTERS_BEFORE] = _counters(cluster, gpucluster_session, hw, "before")
 
 
 def test_counters_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any, request: Any) -> None:
-    """The same counters after the run (conftest runs this last): any increase fails, naming the GPU."""
-    after = _counters(cluster, gpucluster_session, hw)
+    """The same counters after the run (conftest runs this last): uncorrectable ECC errors, retired
+    pages and uncorrectable remapped rows that grew, a pending or failed row remap, and new XIDs
+    fail, naming the GPU; corrected errors are recorded (gated as a rate where the profile says)."""
+    after = _counters(cluster, gpucluster_session, hw, "after")
     before = request.config.stash.get(COUNTERS_BEFORE, None)
     if before is None:
         pytest.skip(
             "no before-reading of the ECC/XID counters (test_counters_before did not run in this process)"
         )
     grown = health.counter_increases(before, after)
-    judge([peers.counter_check(grown), *health.xid_readability_checks(before, after)], grown)
+    corrected = health.corrected_checks(before, after, hw.burnin, hw.name)
+    xids = health.xid_readability_checks(before, after, require=hw.burnin.require_xid_source, profile=hw.name)
+    for warning in health.xid_warnings(xids):  # a permission is not a sick node (burnin.require_xid_source)
+        warnings.warn(GpuClusterWarning(warning), stacklevel=1)
+    checks = [peers.counter_check(grown), *corrected, *xids]
+    judge(checks, [*grown, *(health.suspect_of(c) for c in corrected if c.failed and c.measured)])
 
 
 def test_version_drift(

@@ -132,6 +132,7 @@ def test_dcgm_diag(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any) -
     deadline = dcgm_deadline(settings.effective_timeout, nodes, gpucluster_session.settings)
     job = run_with_deadline(
         cluster, plans.DCGM, deadline, nodes=nodes, nproc_per_node=1, init_process_group=False,
+        pick_device=False,  # no torch, no CUDA context on GPU 0 while DCGM tests it
         name="burnin-dcgm", options=plans.dcgm_options(settings.level, settings.effective_timeout),
     )  # fmt: skip
     found = dcgm.node_reports(job.values)

@@ -38,11 +38,14 @@ from pytest_gpucluster.errors import GpuClusterError
 from pytest_gpucluster.fixtures import job_part
 from pytest_gpucluster.harness import Part, PartRun
 from pytest_gpucluster.inputs import read_texts
+from pytest_gpucluster.plans.burnin_deadlines import work_deadline
 from pytest_gpucluster.session import GpuClusterSession, get_session
 from pytest_gpucluster.workloads.nccl_probe import DEBUG_ENV
 
 PROBE = "pytest_gpucluster.workloads.nccl_probe:probe"
 PROBE_TIMEOUT_S = 300.0
+"""The fixed timeout the probe had; its derived deadline is never shorter."""
+PROBE_WORK_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -81,8 +84,13 @@ def nccl_probe(session: GpuClusterSession, params: Mapping[str, Any]) -> Part | 
     if params.get("nccl_source") != "launched":
         return None
     nodes = max(1, min(session.profile.model.cluster.nodes, session.available_nodes))
+    # Its work, at least the 300 s it had, plus the rendezvous allowance for its nodes (as sweeps)
+    deadline = work_deadline(
+        PROBE_WORK_S, "an NCCL init and one short all_reduce", PROBE_TIMEOUT_S, nodes, session.settings
+    )
     return Part(
-        "nccl-probe", PROBE, {"timeout_s": PROBE_TIMEOUT_S}, nodes=nodes, env=DEBUG_ENV, timeout_s=PROBE_TIMEOUT_S,
+        "nccl-probe", PROBE, {"timeout_s": deadline.seconds}, nodes=nodes, env=DEBUG_ENV,
+        timeout_s=deadline.seconds, deadline=deadline.text,
         init_process_group=False,  # the probe sets NCCL_DEBUG_FILE before NCCL starts
     )  # fmt: skip
 

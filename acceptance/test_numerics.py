@@ -34,7 +34,7 @@ import pytest
 from pytest_gpucluster.checks import numerics as verdicts
 from pytest_gpucluster.fixtures import job_part
 from pytest_gpucluster.harness import Part, PartRun
-from pytest_gpucluster.plans.numerics import dtype_floors, numerics_part
+from pytest_gpucluster.plans.numerics import dtype_ceilings, dtype_floors, numerics_part
 from pytest_gpucluster.session import GpuClusterSession
 
 pytestmark = pytest.mark.quick
@@ -89,13 +89,13 @@ def test_numerics_throughput(
 ) -> None:
     """TFLOP/s per rank and dtype against its floor (with ``--baseline``, a suspected regression
     runs the numerics job once more before it fails)."""
-    floors = dtype_floors(hw)
-    checks = verdicts.throughput_checks(numerics_job.values, floors)
+    floors, ceilings = dtype_floors(hw), dtype_ceilings(hw)
+    checks = verdicts.throughput_checks(numerics_job.values, floors, ceilings)
     assert checks, "the numerics job returned no throughput"
     for value in numerics_job.values:
         shown = ", ".join(verdicts.flops_text(c) for c in checks if c.labels["rank"] == value["rank"])
         _say(gpucluster_session, f"numerics rank {value['rank']} on {value['host']}: {shown}")
-    again = lambda _: verdicts.throughput_checks(rerun_part(numerics_job.part).values, floors)  # noqa: E731
+    again = lambda _: verdicts.throughput_checks(rerun_part(numerics_job.part).values, floors, ceilings)  # noqa: E731
     results.check_all(checks, remeasure=again)
 
 

@@ -71,13 +71,13 @@ def _setting(hw: Any, *keys: str) -> None:
 @job_part
 def inventory(session: GpuClusterSession, params: Mapping[str, Any]) -> Part:
     """Every node's GPUs, links and topology matrix: one rank per node, no process group."""
-    return plans.inventory_part(session.profile.model, session.available_nodes)
+    return plans.inventory_part(session.profile.model, session.available_nodes, session.settings)
 
 
 @job_part
 def traffic(session: GpuClusterSession, params: Mapping[str, Any]) -> Part:
     """An intra-node all_reduce, with every GPU's NVLink counters read around it."""
-    return plans.traffic_part(session.profile.model, session.available_nodes)
+    return plans.traffic_part(session.profile.model, session.available_nodes, session.settings)
 
 
 @job_part
@@ -85,7 +85,7 @@ def shm_vs_gloo_run(session: GpuClusterSession, params: Mapping[str, Any]) -> Pa
     """DeepSpeed's shm all_reduce against gloo's, in one job (cpu profiles)."""
     profile = session.profile.model
     wanted = params.get("speedup_path") == "cpu" and profile.nvlink is not None and profile.nvlink.min_speedup
-    return plans.shm_vs_gloo_part(profile) if wanted else None
+    return plans.shm_vs_gloo_part(profile, session.settings) if wanted else None
 
 
 @pytest.mark.gpucluster(needs=["nvlink"])
@@ -133,7 +133,10 @@ def _speedup(path: str, hw: Any, run_part: Any, shm_run: PartRun | None, request
     transports: list[Check] = []
     untrusted = None
     if path == "nccl":
-        fast, slow = (run_part(part, request.node.nodeid) for part in plans.speedup_parts(hw))
+        fast, slow = (
+            run_part(part, request.node.nodeid)
+            for part in plans.speedup_parts(hw, get_session(request.config).settings)
+        )
         read = [sweep_busbw(summarize_sweep(run.values)) for run in (fast, slow)]
         origin = f"jobs {fast.job_id} and {slow.job_id}"
         comparison = pair(*read, fast_name=FAST, slow_name=SLOW, sizes=sizes, origin=origin)
@@ -165,7 +168,8 @@ def _isolated(
     hw: Any, shared_jobs: Any, request: Any, key: str, env: Mapping[str, str], nodes: int, how: str
 ) -> Any:
     _setting(hw, key)
-    part = plans.isolated_part(hw, env, nodes, f"nvlink-{key.removesuffix('_min_busbw').replace('_', '-')}")
+    name = f"nvlink-{key.removesuffix('_min_busbw').replace('_', '-')}"
+    part = plans.isolated_part(hw, env, nodes, name, get_session(request.config).settings)
     run = shared_jobs.run(part, request.node.nodeid)
     size = plans.speedup_sizes(hw)[-1]
     repeats = sweep_busbw(summarize_sweep(run.values))[size]

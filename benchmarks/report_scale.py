@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +41,17 @@ from pytest_gpucluster.testbed.fanout import Planted, dumps, fan_out  # noqa: E4
 
 DEFAULT_RESULTS = REPO / "tests" / "data" / "results" / "cpu_local_run.json"
 LIMIT_BYTES = 50 * 2**20
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--window-size=1400,900",
+)
 
 
 def _mb(n: int) -> str:
@@ -60,6 +72,18 @@ def names_planted(report_md: str, planted: Planted) -> bool:
     return any(gpu in line and "| reset GPU |" in line for line in lines) and any(
         port in line and "| reseat/replace cable or NIC |" in line for line in lines
     )
+
+
+def browser_seconds(page: Path) -> float | None:
+    """Seconds for headless Chromium to load and lay out ``page`` (None: no chromium here)."""
+    if not CHROMIUM.exists():
+        return None
+    with tempfile.TemporaryDirectory() as profile:
+        argv = [str(CHROMIUM), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", page.as_uri()]
+        start = time.perf_counter()
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+        seconds = time.perf_counter() - start
+    return seconds if "</html>" in done.stdout else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,6 +145,11 @@ def main(argv: list[str] | None = None) -> int:
         f"charts per scale: {', '.join(f'{n} nodes {charts[n]}' for n in scales)}"
         f" ({'constant' if len(set(charts.values())) == 1 else 'NOT constant'})"
     )
+    opened = browser_seconds(files[large].parent / "report.html")
+    if opened is not None:
+        print(
+            f"chromium opens the {large}x{args.gpus} report.html (headless --dump-dom, browser start included) in {opened:.2f} s"
+        )
     ci = median_ci(paired_ratios(times[large], times[small]))
     print(ratio_line(f"report time {large}-node / {small}-node", ci))
     print(ci_line(ci, 0.10))

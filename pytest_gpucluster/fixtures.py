@@ -75,6 +75,7 @@ class DryRunCluster:
 
     def run(self, workload: Any, **kwargs: Any) -> Any:
         kwargs.pop("init_process_group", None)
+        kwargs.pop("pick_device", None)
         for command in self._cluster.commands_for(workload, **kwargs):
             self._write(f"[dry run] {command.host}: {command.shell_line()}")
         pytest.skip("--gpucluster-dry-run: commands printed, nothing launched")

@@ -17,6 +17,7 @@ from pytest_gpucluster.errors import GpuClusterError, JobFailed, JobSkipped, Lau
 from pytest_gpucluster.options import add_options, resolve_settings
 from pytest_gpucluster.results.model import Measurement, TestOutcome
 from pytest_gpucluster.results.recorder import NotMeasured, ThresholdFailure
+from pytest_gpucluster.results.text import failure_message
 from pytest_gpucluster.session import SESSION_KEY, GpuClusterSession
 
 _MEASUREMENT_PROPERTY = "gpucluster_measurement"
@@ -348,6 +349,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     from pytest_gpucluster.results.report import finish_run
 
+    if _fail_closed(gc) and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if gc.settings.history is not None:
         _history_column(gc)
 
@@ -392,6 +395,25 @@ def _append_history(gc: GpuClusterSession) -> str:
         )
 
 
+def _fail_closed(gc: GpuClusterSession) -> bool:
+    """Every threshold the profile sets was measured, excused by a skip, or not run in this
+    selection (``checks/fail_closed.py``); the rest fail here, as NOT MEASURED. True when any did."""
+    from pytest_gpucluster.checks.fail_closed import FAIL_CLOSED_TEST_ID, coverage
+
+    found = coverage(gc.profile.model, gc.recorder.measurements, gc.recorder.outcomes)
+    gc.recorder.header["thresholds"] = found.to_json()
+    if not found.checks:
+        return False
+    recorded = gc.recorder.record_checks(found.checks, test_id=FAIL_CLOSED_TEST_ID)
+    keys = ", ".join(c.ref.key for c in found.checks if c.ref is not None)
+    message = "\n".join(
+        [f"NotMeasured: {len(recorded)} threshold(s) of the profile had no value: {keys}"]
+        + [f"  {failure_message(m)}" for m in recorded]
+    )
+    gc.recorder.add_outcome(TestOutcome(FAIL_CLOSED_TEST_ID, "failed", "not measured", 0.0, message[:2000]))
+    return True
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
     if session is None or session.is_xdist_worker:
@@ -414,7 +436,17 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         lines.append(session.history_line)
     for line in lines:
         bad = line.startswith(
-            ("FAILED", "REGRESSION", "PERFORMANCE", "INFRASTRUCTURE", "OTHER", "FAIL ", "FINDINGS")
+            (
+                "FAILED",
+                "REGRESSION",
+                "PERFORMANCE",
+                "INFRASTRUCTURE",
+                "OTHER",
+                "FAIL ",
+                "FINDINGS",
+                "NOT MEASURED",
+                "BROKEN",
+            )
         )
         terminalreporter.write_line(line, red=bad, yellow=line.startswith("WARNING"))
 

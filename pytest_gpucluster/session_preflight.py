@@ -68,7 +68,7 @@ def preflight_lines(findings: list[PreflightFinding], *, dry_run: bool) -> list[
     """What the terminal shows: every finding, then whether the session stops on them."""
     head = "[dry run] preflight" if dry_run else "gpucluster preflight"
     errors = [f for f in findings if f.severity == "error"]
-    lines = [f"{head}: {'ERROR' if f.severity == 'error' else 'WARNING'} {f.message}" for f in findings]
+    lines = [f"{head}: {f.severity.upper()} {f.message}" for f in findings]
     if errors:
         hosts = sorted({f.host for f in errors})
         what = "a run would stop here" if dry_run else "stopping before any job is launched"

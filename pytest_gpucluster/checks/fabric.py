@@ -12,9 +12,24 @@ profile's ``fabric:`` section:
   ``ncclFindInterfaces``). NCCL takes interfaces that have an IP address; sysfs does not show
   addresses, so an interface counts when it is **up** in the first reading (a down one carries no
   traffic; a port that is down when it should not be is the port-state check's to fail);
-- **per counted port**: every error counter (``parsers/fabric_diff.ERROR_COUNTERS``) that grew by
-  more than its allowance fails, one check per counter naming node, device and port; a port whose
-  error counters all held is one passing check (``counter=all``); the bytes it moved are recorded;
+- **per counted port**, each counter by its class (``parsers/fabric_diff.COUNTER_CLASSES``; the
+  README's "Fabric counter classes" gives each counter's class and source), one check per counter
+  naming node, device, port and counter:
+
+  - *link* (symbol errors, link downed, link recovery, receive errors, integrity, buffer overrun,
+    NIC rx/tx errors, failed transport operations): growth beyond ``fabric.max_error_increase``
+    (0) fails; a port whose link counters all held is one passing check (``counter=all``);
+  - *retransmit* (``local_ack_timeout_err``, ``packet_seq_err``, ``out_of_sequence``...): the
+    transport recovered, and adaptive routing reorders by design, so the growth is judged as a
+    rate per GB the port moved (``fabric.max_retransmits_per_gb``, per counter
+    ``fabric.retransmits_per_gb``); a port with no data counters cannot give the rate (not
+    measured where a ceiling is set);
+  - *drop* (``rx_dropped``/``tx_dropped``, which grow on healthy hosts for frames of unknown
+    protocols such as LLDP; ``port_xmit_discards``; ``out_of_buffer``; qdisc drops): recorded and
+    shown, gated only where the profile sets an allowance (``fabric.max_drop_increase``, or the
+    counter in ``fabric.allowed_increase``);
+
+  the bytes each port moved are recorded;
 - **a counter pinned at its maximum** (IB counters saturate) cannot show growth. By default that is
   a failure: the burn-in exists to prove that the port accumulated no errors under load, and a
   saturated counter makes that unprovable while itself recording at least 2^bits - 1 errors since
@@ -33,7 +48,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pytest_gpucluster.burnin.drain import Suspect
-from pytest_gpucluster.parsers.fabric_diff import SATURATING_BITS, CounterChange, diff_ports
+from pytest_gpucluster.parsers.fabric_diff import SATURATING_BITS, CounterChange, counter_class, diff_ports
 from pytest_gpucluster.parsers.fabric_ports import FabricSnapshot, IbPort, NetInterface
 from pytest_gpucluster.profiles.schema import FabricSection
 from pytest_gpucluster.results.model import Check, ThresholdRef
@@ -150,10 +165,32 @@ class _Judge:
         self.warnings: list[str] = []
 
     def allowance(self, counter: str) -> tuple[int, ThresholdRef]:
+        """A link-class counter's allowance: its own, else ``max_error_increase``."""
         if counter in self.section.allowed_increase:
             key: tuple[str | int, ...] = ("fabric", "allowed_increase", counter)
             return self.section.allowed_increase[counter], ThresholdRef(self.profile, key)
         return self.section.max_error_increase, ThresholdRef(self.profile, ("fabric", "max_error_increase"))
+
+    def drop_allowance(self, counter: str) -> tuple[int | None, ThresholdRef | None]:
+        """A drop-class counter's allowance: its own, else ``max_drop_increase``; None: not gated."""
+        if counter in self.section.allowed_increase:
+            key: tuple[str | int, ...] = ("fabric", "allowed_increase", counter)
+            return self.section.allowed_increase[counter], ThresholdRef(self.profile, key)
+        if self.section.max_drop_increase is not None:
+            return self.section.max_drop_increase, ThresholdRef(self.profile, ("fabric", "max_drop_increase"))
+        return None, None
+
+    def retransmit_ceiling(self, counter: str) -> tuple[float | None, ThresholdRef | None]:
+        """A retransmit-class counter's ceiling per GB moved; None: recorded, not gated."""
+        if counter in self.section.retransmits_per_gb:
+            key: tuple[str | int, ...] = ("fabric", "retransmits_per_gb", counter)
+            ceiling = self.section.retransmits_per_gb[counter]
+            return ceiling, (ThresholdRef(self.profile, key) if ceiling is not None else None)
+        if self.section.max_retransmits_per_gb is None:
+            return None, None
+        return self.section.max_retransmits_per_gb, ThresholdRef(
+            self.profile, ("fabric", "max_retransmits_per_gb")
+        )
 
     def fail(self, port: Port, sentence: str, evidence: Mapping[str, object]) -> None:
         self.suspects.append(
@@ -168,13 +205,7 @@ class _Judge:
     def grown(self, port: Port, change: CounterChange) -> None:
         allowed, ref = self.allowance(change.counter)
         hint = (
-            f"{_where(port)}: error counter {change.counter} "
-            + (
-                f"went down from {change.before} to {change.after} (cleared or wrapped during the run): "
-                f"at least {change.after} since"
-                if change.went_down
-                else f"grew by {change.increase} ({change.before} -> {change.after}) during the run"
-            )
+            f"{_where(port)}: error counter {change.counter} {_growth(change)}"
             + f"; allowed {allowed} ({ref.key}). "
             + _advice(port, change.counter)
         )
@@ -194,6 +225,55 @@ class _Judge:
                 port,
                 f"{change.counter} +{change.at_least} during the burn-in (allowed {allowed})",
                 change.to_json(),
+            )
+
+    def dropped(self, port: Port, change: CounterChange) -> None:
+        allowed, ref = self.drop_allowance(change.counter)
+        rule = (
+            f"allowed {allowed} ({ref.key})"
+            if ref is not None
+            else "recorded, not gated: drop counters grow on healthy hosts too (fabric.max_drop_increase gates them)"
+        )
+        check = Check(
+            "fabric.drops", change.at_least, "count", allowed, "<=", ref,
+            labels={**_labels(port), "counter": change.counter},
+            hint=f"{_where(port)}: drop counter {change.counter} {_growth(change)}; {rule}. {_advice(port, change.counter)}",
+        )  # fmt: skip
+        self.checks.append(check)
+        if check.failed:
+            self.fail(
+                port,
+                f"{change.counter} +{change.at_least} during the burn-in (allowed {allowed})",
+                change.to_json(),
+            )
+
+    def retransmitted(self, port: Port, change: CounterChange, moved: float | None) -> None:
+        ceiling, ref = self.retransmit_ceiling(change.counter)
+        labels = {**_labels(port), "counter": change.counter}
+        rule = f"ceiling {ceiling:g} per GB ({ref.key})" if ref is not None else "recorded, not gated"
+        if moved is None:
+            self.checks.append(
+                Check(
+                    "fabric.retransmit_rate", float("nan"), "1/GB", ceiling, "<=", ref, labels=labels,
+                    baseline_gate=False,
+                    hint=f"{_where(port)}: {change.counter} {_growth(change)}, but the port has no data "
+                    f"counters to divide by, so its rate per GB is unknown; {rule}.",
+                )
+            )  # fmt: skip
+            return
+        gb = moved / 1e9
+        # A port that moved nothing yet counted retransmits: rate as if it had moved one byte.
+        rate = change.at_least / max(gb, 1e-9)
+        check = Check(
+            "fabric.retransmit_rate", rate, "1/GB", ceiling, "<=", ref, labels=labels, baseline_gate=False,
+            hint=f"{_where(port)}: retransmit counter {change.counter} {_growth(change)} while the port moved "
+            f"{gb:.4g} GB: {rate:.4g} per GB; {rule}. The transport resent (or reordered) packets: a rate far "
+            f"above the fleet's points at loss on the link. {_advice(port, change.counter)}",
+        )  # fmt: skip
+        self.checks.append(check)
+        if check.failed:
+            self.fail(
+                port, f"{change.counter} {rate:.4g} per GB moved (ceiling {ceiling:g})", change.to_json()
             )
 
     def saturated(self, port: Port, change: CounterChange) -> None:
@@ -239,13 +319,42 @@ class _Judge:
             )
             self.fail(before, "present before the burn-in, gone after it", {})
             return
-        errors = [c for c in changes if c.kind == "error"]
-        for change in errors:
-            if change.saturated:
-                self.saturated(before, change)
-            if change.at_least > 0 or change.went_down:
-                self.grown(before, change)
-        if not [c for c in errors if c.at_least > 0 or c.went_down]:
+        moved = moved_bytes(before, after)
+        link = [c for c in changes if c.counter_class == "link"]
+        for change in changes:
+            grew = change.at_least > 0 or change.went_down
+            if change.counter_class == "link":
+                if change.saturated:
+                    self.saturated(before, change)
+                if grew:
+                    self.grown(before, change)
+            elif change.counter_class == "drop":
+                if change.saturated and self.drop_allowance(change.counter)[0] is not None:
+                    self.saturated(before, change)
+                if grew:
+                    self.dropped(before, change)
+            elif change.counter_class == "retransmit" and grew:
+                self.retransmitted(before, change, moved)
+        grown = {c.counter_class for c in changes if c.at_least > 0 or c.went_down}
+        classes = {counter_class(name) for name in before.counters}
+        ceiling, ceiling_ref = self.retransmit_ceiling("")
+        if "retransmit" in classes and "retransmit" not in grown and ceiling_ref is not None:
+            self.checks.append(
+                Check(
+                    "fabric.retransmit_rate", 0.0, "1/GB", ceiling, "<=", ceiling_ref,
+                    labels={**_labels(before), "counter": "all"}, baseline_gate=False,
+                    hint=f"{_where(before)}: no retransmit counter grew",
+                )
+            )  # fmt: skip
+        allowed, drop_ref = self.drop_allowance("")
+        if "drop" in classes and "drop" not in grown and drop_ref is not None:
+            self.checks.append(
+                Check(
+                    "fabric.drops", 0.0, "count", allowed, "<=", drop_ref,
+                    labels={**_labels(before), "counter": "all"}, hint=f"{_where(before)}: no drop counter grew",
+                )
+            )  # fmt: skip
+        if not [c for c in link if c.at_least > 0 or c.went_down]:
             allowed, ref = self.allowance("")
             self.checks.append(
                 Check(
@@ -256,10 +365,9 @@ class _Judge:
                     "<=",
                     ref,
                     labels={**_labels(before), "counter": "all"},
-                    hint=f"{_where(before)}: no error counter grew",
+                    hint=f"{_where(before)}: no link error counter grew",
                 )
             )
-        moved = moved_bytes(before, after)
         if moved is not None:
             self.checks.append(
                 Check(
@@ -270,6 +378,15 @@ class _Judge:
                     hint=f"{_where(before)}: bytes sent and received during the run",
                 )
             )
+
+
+def _growth(change: CounterChange) -> str:
+    if change.went_down:
+        return (
+            f"went down from {change.before} to {change.after} (cleared or wrapped during the run): "
+            f"at least {change.after} since"
+        )
+    return f"grew by {change.increase} ({change.before} -> {change.after}) during the run"
 
 
 def _advice(port: Port, counter: str) -> str:

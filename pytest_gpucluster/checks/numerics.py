@@ -18,8 +18,10 @@ Three verdicts on the digests and known answers every rank sent, and the through
   chains with their spread), against the dtype's floor where the profile has one
   (`plans.numerics.dtype_floors`); a dtype with a floor that a rank did not run is not measured.
 
-A failed verdict is also a `Suspect` naming host, rank, GPU and dtype (:func:`suspects`). The
-self-test (:func:`injected_problem`) asks that the rank given a flipped bit, and only it, be named.
+Where more than half the ranks of a platform are unstable for a dtype, the kernel is (cuBLAS
+with atomics, a workspace setting not in effect): their agreement and stability checks are broken
+measurements, not GPU suspects (:func:`unstable_kernels`). Any other failed verdict is also a
+`Suspect` naming host, rank, GPU and dtype (:func:`suspects`). The self-test (:func:`injected_problem`) asks that the rank given a flipped bit, and only it, be named.
 
 Pure: no torch, no pytest.
 """
@@ -29,7 +31,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pytest_gpucluster.burnin.drain import Suspect
@@ -50,6 +52,7 @@ __all__ = [
     "stability_checks",
     "suspects",
     "throughput_checks",
+    "unstable_kernels",
 ]
 
 AGREEMENT = "numerics.agreement"
@@ -94,6 +97,53 @@ def _short(digest: str) -> str:
     return digest[:12]
 
 
+# ------------------------------------------------------------------- a non-deterministic kernel
+
+
+def _unstable(done: Mapping[str, Any]) -> bool:
+    return any(len(counts) > 1 for counts in done["digests"].values())
+
+
+def unstable_kernels(values: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], str]:
+    """(platform key, dtype) -> why, where more than half of 2+ ranks of the platform gave different
+    bits run to run for the dtype: many GPUs failing alike at once is the kernel (a cuBLAS algorithm
+    with atomics, a workspace setting not in effect), not the GPUs, and draining them all would be
+    wrong. Their agreement and stability checks become broken measurements (rerun, look at the
+    set-up), never hardware suspects."""
+    ranks: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for value in values:
+        for dtype in value.get("dtypes") or {}:
+            ranks.setdefault((_key(value), dtype), []).append(value)
+    found = {}
+    for (key, dtype), members in ranks.items():
+        shaky = [v for v in members if _unstable(v["dtypes"][dtype])]
+        if len(members) >= 2 and len(shaky) * 2 > len(members):
+            workspace = {str((v.get("platform") or {}).get("cublas_workspace")) for v in members}
+            found[(key, dtype)] = (
+                f"{len(shaky)} of {len(members)} ranks on {key} gave different {dtype} bits from run to run: "
+                f"a non-deterministic kernel, not {len(shaky)} faulty GPUs (CUBLAS_WORKSPACE_CONFIG on the "
+                f"ranks: {', '.join(sorted(workspace))}; torch.use_deterministic_algorithms was on). "
+                "Rerun; if it stays, this dtype cannot be judged bit for bit on this torch/CUDA."
+            )
+    return found
+
+
+def _kernel_problems(checks: list[Check], values: Iterable[Mapping[str, Any]]) -> list[Check]:
+    """``checks`` with those of an unstable kernel's platform and dtype made broken measurements."""
+    values = list(values)
+    kernels = unstable_kernels(values)
+    if not kernels:
+        return checks
+    platform = {int(v["rank"]): _key(v) for v in values}
+    out = []
+    for check in checks:
+        why = kernels.get((platform.get(int(check.labels["rank"]), ""), str(check.labels["dtype"])))
+        if why is not None and check.failed:
+            check = replace(check, problem="broken measurement", hint=f"{why} {check.hint}")
+        out.append(check)
+    return out
+
+
 # ------------------------------------------------------------------------------ (a) agreement
 
 
@@ -126,7 +176,7 @@ def agreement_checks(values: Iterable[Mapping[str, Any]]) -> tuple[list[Check], 
         dtypes = sorted({d for v in members for d in (v.get("dtypes") or {})})
         for dtype in dtypes:
             checks += _dtype_agreement(key, dtype, [v for v in members if dtype in (v.get("dtypes") or {})])
-    return checks, alone
+    return _kernel_problems(checks, ranks), alone
 
 
 def _dtype_agreement(key: str, dtype: str, members: Sequence[Mapping[str, Any]]) -> list[Check]:
@@ -175,7 +225,8 @@ def stability_checks(values: Iterable[Mapping[str, Any]]) -> list[Check]:
     """Per rank and dtype: runs whose digest differs from the rank's most frequent one for that
     seed (at most 0)."""
     checks = []
-    for value in _by_rank(values):
+    values = _by_rank(values)
+    for value in values:
         for dtype, done in sorted((value.get("dtypes") or {}).items()):
             odd, notes = 0, []
             for seed, counts in sorted(done["digests"].items(), key=lambda item: int(item[0])):
@@ -199,7 +250,7 @@ def stability_checks(values: Iterable[Mapping[str, Any]]) -> list[Check]:
                 Check(STABILITY, float(odd), "runs", 0.0, "<=", labels=_where(value, dtype), hint=hint,
                       baseline_gate=False)
             )  # fmt: skip
-    return checks
+    return _kernel_problems(checks, values)
 
 
 # ------------------------------------------------------------------------- (b) known answer
@@ -232,9 +283,16 @@ def known_answer_checks(values: Iterable[Mapping[str, Any]]) -> list[Check]:
 # ---------------------------------------------------------------------------- throughput
 
 
-def throughput_checks(values: Iterable[Mapping[str, Any]], floors: Mapping[str, Floor]) -> list[Check]:
+def throughput_checks(
+    values: Iterable[Mapping[str, Any]],
+    floors: Mapping[str, Floor],
+    ceilings: Mapping[str, tuple[float, str]] | None = None,
+) -> list[Check]:
     """Per rank and dtype: median FLOP/s of the timed chains, against the dtype's floor if any. A
-    dtype with a floor that the rank did not run is not measured (its skip reason in the hint)."""
+    dtype with a floor that the rank did not run is not measured (its skip reason in the hint); a
+    median above the part's dense peak for the dtype (``ceilings``: dtype -> (FLOP/s, source)) is a
+    broken measurement (a timer that missed the work, a chain that did not run), never a pass."""
+    ceilings = ceilings or {}
     checks = []
     for value in _by_rank(values):
         done_all = value.get("dtypes") or {}
@@ -263,6 +321,10 @@ def throughput_checks(values: Iterable[Mapping[str, Any]], floors: Mapping[str, 
                 f"{_who(value)}, {dtype}: {done['depth']} chained {done['matmul_n']}x{done['matmul_n']} GEMMs, "
                 f"median of {done['runs']} timed chains"
             )
+            ceiling = ceilings.get(dtype)
+            broken = ceiling is not None and float(done["flops"]) > ceiling[0]
+            if broken and ceiling is not None:
+                what += f"; above the dense {dtype} peak {format_value(ceiling[0], 'FLOP/s')} ({ceiling[1]})"
             checks.append(
                 Check(
                     FLOPS,
@@ -274,6 +336,7 @@ def throughput_checks(values: Iterable[Mapping[str, Any]], floors: Mapping[str, 
                     labels=where,
                     spread=spread,
                     hint=what + (f"; floor {floor.why}" if floor else ""),
+                    problem="broken measurement" if broken else None,
                 )
             )
     return checks
@@ -283,11 +346,12 @@ def throughput_checks(values: Iterable[Mapping[str, Any]], floors: Mapping[str, 
 
 
 def named(checks: Iterable[Check]) -> list[tuple[str, int, str | None, str]]:
-    """(host, rank, gpu, dtype) of every failed verdict, sorted and without repeats."""
+    """(host, rank, gpu, dtype) of every failed verdict that names a device (not a broken
+    measurement), sorted and without repeats."""
     found = {
         (str(c.labels["host"]), int(c.labels["rank"]), c.labels.get("gpu"), str(c.labels["dtype"]))
         for c in checks
-        if c.metric in VERDICTS and c.failed
+        if c.metric in VERDICTS and c.failed and c.problem is None
     }
     return sorted(found, key=lambda t: (t[1], t[3]))
 
@@ -297,8 +361,8 @@ def suspects(checks: Iterable[Check]) -> list[Suspect]:
     and dtype, for the drain list."""
     out = []
     for check in checks:
-        if check.metric not in VERDICTS or not check.failed:
-            continue
+        if check.metric not in VERDICTS or not check.failed or check.problem is not None:
+            continue  # a broken measurement (an unstable kernel) names no GPU
         labels = check.labels
         out.append(
             Suspect(

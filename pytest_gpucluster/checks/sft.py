@@ -184,11 +184,27 @@ def launched_checks(
         "tokens/s", ">=", f"Processed tokens (padding included) per second per device. {speed}",
         spread=_per_step(by_tokens["tokens_per_s_per_device"], by_tokens),
     )  # fmt: skip
+    padding = [v["padding_fraction"] for v in values if v.get("padding_fraction") is not None]
+    if padding:
+        build.out.append(
+            Check(
+                "sft.padding_fraction", max(padding), "fraction", labels=build.labels, baseline_gate=False,
+                hint=f"Share of the processed tokens that were padding (the most of any rank); MFU counts "
+                f"attention over {slowest.get('mfu_formula') or 'the padded length'}. Job: {origin}.",
+            )
+        )  # fmt: skip
     mfus = [v["mfu"] for v in values if v.get("mfu") is not None]
     if len(mfus) == len(values) or case.min_mfu is not None:
         reason = next((v.get("mfu_reason") for v in values if v.get("mfu") is None), None)
         hint = (
-            f"PaLM MFU against cluster.peak_flops = {slowest['peak_flops']:.4g} FLOP/s per device. {speed}"
+            f"MFU against cluster.peak_flops = {slowest['peak_flops']:.4g} FLOP/s per device; model FLOPs "
+            f"{slowest.get('mfu_formula') or 'PaLM: (6N + 12*L*H*Q*T) x processed tokens'}"
+            + (
+                f"; padding {slowest['padding_fraction']:.0%} of the tokens"
+                if slowest.get("padding_fraction") is not None
+                else ""
+            )
+            + f". {speed}"
             if len(mfus) == len(values)
             else f"MFU was not measured: {reason or 'no rank reported it'}. Set cluster.peak_flops in the profile."
         )

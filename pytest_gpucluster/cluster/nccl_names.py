@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = [
+    "IMAGE_NAMES",
     "NCCL_NAMES",
     "REDACTED",
     "UnknownName",
@@ -77,6 +78,12 @@ _PYTORCH_LEGACY = frozenset(
     {"NCCL_ASYNC_ERROR_HANDLING", "NCCL_BLOCKING_WAIT", "NCCL_DESYNC_DEBUG", "NCCL_ENABLE_TIMING"}
 )
 
+# Set by NVIDIA's container images, not read by NCCL: the CUDA images' Dockerfiles carry
+# ``ENV NCCL_VERSION 2.17.1-1`` (the libnccl2 package they install), every PyTorch NGC image too. On
+# the real H200 run (issue 26) it said 2.28.3 while torch loaded 2.28.9. Never a typo: not warned
+# about; the preflight says which NCCL each node loaded against it (INFO).
+IMAGE_NAMES: frozenset[str] = frozenset({"NCCL_VERSION"})
+
 # Close enough to be the name someone meant; compared without the shared "NCCL_" so it does not inflate.
 _SUGGESTION_CUTOFF = 0.75
 
@@ -101,7 +108,12 @@ def unknown_nccl_names(env: Mapping[str, str]) -> list[UnknownName]:
     unknown = []
     for name in env:
         upper = name.upper()
-        if not upper.startswith("NCCL_") or name in NCCL_NAMES or name in _PYTORCH_LEGACY:
+        if (
+            not upper.startswith("NCCL_")
+            or name in NCCL_NAMES
+            or name in _PYTORCH_LEGACY
+            or name in IMAGE_NAMES
+        ):
             continue
         if upper.startswith(_OTHER_OWNERS) and name == upper:
             continue

@@ -14,7 +14,10 @@ value asked and what the node has:
   that selects no RDMA port, and an exact HCA entry the node lacks. An HCA list that leaves the node
   fewer active ports than it has is a warning (NCCL runs on part of the fabric);
 - ranks per node at most the GPUs the node lists (a CUDA profile);
-- the GPU count and part the profile names (``cluster.gpus_per_node``, ``cluster.gpu_model``).
+- the GPU count and part the profile names (``cluster.gpus_per_node``, ``cluster.gpu_model``);
+- for information, the NCCL torch loaded on the node against the ``NCCL_VERSION`` its environment
+  names (NVIDIA's images set it to their libnccl package; NCCL does not read it, and a pip torch
+  loads its own: 2.28.9 loaded under ``NCCL_VERSION=2.28.3`` on the real H200 run).
 
 Under a CUDA profile, a node without the ``cuda`` capability (no GPU listed, or a torch that cannot
 use them) launches nothing: its GPU tests skip naming why, and the inventory judges it. A node
@@ -35,7 +38,7 @@ from pytest_gpucluster.profiles.schema import ProfileModel
 
 __all__ = ["PreflightFinding", "preflight", "selects"]
 
-Severity = Literal["error", "warning"]
+Severity = Literal["error", "warning", "info"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +188,29 @@ def _gpus(node: NodeFacts, model: ProfileModel, profile: str, ranks_per_node: in
     return out
 
 
+def _version_core(text: str) -> str:
+    """``2.17.1-1+cuda12.1`` -> ``2.17.1``: the NCCL release, without the package's build suffixes."""
+    return text.strip().split("-", 1)[0].split("+", 1)[0]
+
+
+def _nccl_versions(node: NodeFacts) -> list[PreflightFinding]:
+    named = node.env.get("NCCL_VERSION", "").strip()
+    if not named or not node.nccl:
+        return []
+    same = _version_core(named) == _version_core(node.nccl)
+    relation = (
+        "the same release" if same else "a different release: the image's libnccl is not the one in use"
+    )
+    return [
+        PreflightFinding(
+            node.host, "NCCL version", f"NCCL_VERSION={named} (the environment)", node.nccl,
+            f"{node.host}: torch loaded NCCL {node.nccl}; the environment's NCCL_VERSION={named} (set by the "
+            f"container image, not read by NCCL) names {relation}",
+            "info",
+        )
+    ]  # fmt: skip
+
+
 def preflight(
     facts: ClusterFacts,
     model: ProfileModel,
@@ -206,4 +232,6 @@ def preflight(
         if nccl and (value := env.get("NCCL_IB_HCA", "").strip()):
             findings += _hcas(node, value, env_origin.get("NCCL_IB_HCA", "?"))
         findings += _gpus(node, model, model.name, ranks_per_node, ranks_origin)
+        if nccl:
+            findings += _nccl_versions(node)
     return findings

@@ -30,6 +30,18 @@ CPU and GPU jobs differ (``device=``):
   task, as the profile's ``launch.slurm_gpu_request`` says, unless ``extra_args`` (the site's own
   ``--launcher-args``) already hold a GPU request, which then wins. A CUDA job with no GPU count to
   ask for is refused before anything runs: without a request, Slurm gives the step no GPU.
+  In ``tasks`` mode the node's GPUs are requested per node, so every task of a node sees all of the
+  step's GPUs (``CUDA_VISIBLE_DEVICES=0,1,...``) and each rank takes device ``SLURM_LOCALID``
+  (`workloads._worker.device_index`): the ranks can reach each other's GPUs (CUDA IPC), which NCCL's
+  NVLink path needs. No ``--gpu-bind=none``: on Slurm 22.05 it leaves ``CUDA_VISIBLE_DEVICES`` and
+  ``SLURM_STEP_GPUS`` unset (measured, tests/integration/test_slurm.py), so a task would see every
+  GPU of the node, other jobs' included. A per-task binding (``--gpus-per-task``,
+  ``--tres-per-task``, a ``--gpu-bind`` other than ``none``, or the same inherited from sbatch as
+  ``SLURM_GPUS_PER_TASK``/``SLURM_GPU_BIND``) shows each rank one GPU: CUDA IPC between the ranks
+  is then off, NCCL moves intra-node traffic through host memory and the NVLink tests blame the
+  node; with ``--gpu-bind=closest`` and a cyclic spread two ranks can even see the same GPU. It
+  still runs as the site asks, with a warning (`per_task_binding`), and a job whose ranks share a
+  GPU fails naming them (`launch.result.shared_gpus`).
 
 ``--cpus-per-task`` is sized to the node once its CPUs are known (``cpus_per_node``: the per-node
 probe's count, or ``SLURM_CPUS_ON_NODE`` inside an allocation), divided among the node's tasks;
@@ -48,9 +60,10 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 
-from pytest_gpucluster.errors import HostfileError, LaunchError, SettingsError
+from pytest_gpucluster.errors import GpuClusterWarning, HostfileError, LaunchError, SettingsError
 from pytest_gpucluster.launch.base import JobSpec, LaunchCommand, worker_argv_tail
 from pytest_gpucluster.launch.torchrun import TorchrunLauncher
 from pytest_gpucluster.workloads._runtime import JOB_ID_ENV
@@ -120,12 +133,40 @@ class SlurmLauncher:
         self.overcommit = device == "cpu" if overcommit is None else overcommit
         self.port_picker = port_picker or _default_port
         self._site_gpus = any(a.split("=", 1)[0] in _SITE_GPU_FLAGS for a in self.extra_args)
+        if device == "cuda" and mode == "tasks" and (why := self.per_task_binding()):
+            warnings.warn(GpuClusterWarning(why), stacklevel=2)
         if device == "cuda" and not self._site_gpus and not gpus_per_node:
             raise SettingsError(
                 "a CUDA job under Slurm needs its GPUs requested, or Slurm gives its tasks none: the "
                 "profile names no cluster.gpus_per_node and --launcher-args holds no GPU request "
                 "(e.g. --launcher-args='--gpus-per-node=8' or '--gres=gpu:8')"
             )
+
+    def per_task_binding(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """Why this launcher's tasks would each see only their own GPU, or None (see the module doc)."""
+        env = os.environ if environ is None else environ
+        inherited = [f"{k}={env[k]}" for k in ("SLURM_GPUS_PER_TASK", "SLURM_TRES_PER_TASK") if env.get(k)]
+        if env.get("SLURM_GPU_BIND") and env["SLURM_GPU_BIND"].split(",")[-1] != "none":
+            inherited.append(f"SLURM_GPU_BIND={env['SLURM_GPU_BIND']}")
+        if self.gpu_request == "gpus-per-task" and not self._site_gpus:
+            cause = "the profile's launch.slurm_gpu_request is gpus-per-task"
+        elif inherited and not self._site_gpus:
+            cause = f"the environment, from sbatch/salloc, holds {' '.join(inherited)}"
+        else:
+            flags = [
+                a for a in self.extra_args
+                if a.split("=", 1)[0] in ("--gpus-per-task", "--tres-per-task")
+                or (a.startswith("--gpu-bind") and a.split("=", 1)[-1].split(",")[-1] != "none")
+            ]  # fmt: skip
+            if not flags:
+                return None
+            cause = f"--launcher-args holds {' '.join(flags)}"
+        return (
+            f"--slurm-mode tasks with per-task GPUs ({cause}): each rank sees only its own GPU, so CUDA IPC "
+            "between the ranks of a node is off and NCCL moves intra-node traffic through host memory; the "
+            "NVLink tests then blame the node. Request GPUs per node (--gpus-per-node, the default) with no "
+            "per-task binding: every task then sees the node's GPUs and each rank takes device SLURM_LOCALID."
+        )
 
     def available(self) -> str | None:
         if shutil.which(self.srun) is None:

@@ -24,71 +24,95 @@ from typing import Any, Literal
 from pytest_gpucluster.parsers.fabric_ports import FabricSnapshot, IbPort, NetInterface
 
 __all__ = [
+    "COUNTER_CLASSES",
     "ERROR_COUNTERS",
     "SATURATING_BITS",
     "TRAFFIC_COUNTERS",
     "CounterChange",
     "FabricDiff",
+    "counter_class",
     "counter_kind",
     "diff_ports",
     "diff_snapshots",
 ]
 
 CounterKind = Literal["error", "traffic", "other"]
+CounterClass = Literal["link", "retransmit", "drop", "traffic", "other"]
+"""How growth of a counter is judged (``checks/fabric.py``; README "Fabric counter classes"):
+``link`` — a fault of the link, the port or the transport: gated at zero growth; ``retransmit`` —
+the transport recovered by resending (or reordering): gated as a rate per GB the port moved;
+``drop`` — packets dropped by design on healthy hosts too: recorded and shown, gated only where a
+profile sets an allowance; ``traffic`` and ``other``: recorded only."""
+
+COUNTER_CLASSES: Mapping[str, CounterClass] = {
+    # IBTA PortCounters (sysfs counters/): symbol and link errors, recoveries, integrity
+    # (IBTA vol. 1, 16.1.3.5 PortCounters; Linux Documentation/ABI/stable/sysfs-class-infiniband).
+    "symbol_error": "link",
+    "link_error_recovery": "link",
+    "link_downed": "link",
+    "port_rcv_errors": "link",
+    "port_rcv_remote_physical_errors": "link",
+    "port_rcv_switch_relay_errors": "link",
+    "port_xmit_constraint_errors": "link",
+    "port_rcv_constraint_errors": "link",
+    "local_link_integrity_errors": "link",
+    "excessive_buffer_overrun_errors": "link",
+    # mlx5 hw_counters/ that mean a corrupt packet or a failed transport operation (a work request
+    # completed in error): NVIDIA "Understanding mlx5 Linux Counters"; Linux drivers/infiniband/hw/mlx5/counters.c.
+    "hw_rx_icrc_encapsulated": "link",
+    "hw_req_cqe_error": "link",
+    "hw_resp_cqe_error": "link",
+    "hw_req_remote_access_errors": "link",
+    "hw_resp_remote_access_errors": "link",
+    "hw_req_remote_invalid_request": "link",
+    "hw_resp_local_length_error": "link",
+    # mlx5 hw_counters/ the transport recovers from by retransmitting, or that count reordering,
+    # which adaptive routing causes by design ("The QP retry limit was not exceeded": the same
+    # NVIDIA page; MLNX_OFED "Out-of-Order (OOO) Data Placement" for adaptive routing).
+    "hw_local_ack_timeout_err": "retransmit",
+    "hw_packet_seq_err": "retransmit",
+    "hw_out_of_sequence": "retransmit",
+    "hw_implied_nak_seq_err": "retransmit",
+    "hw_rnr_nak_retry_err": "retransmit",
+    "hw_duplicate_request": "retransmit",
+    "hw_roce_adp_retrans": "retransmit",
+    "hw_roce_adp_retrans_to": "retransmit",
+    # Drops: IBTA PortXmitDiscards (port down or congested), VL15 (subnet-management packets),
+    # mlx5 out_of_buffer (no receive WQE posted); Linux netdev rx_dropped/tx_dropped grow on
+    # healthy hosts (frames of an unknown protocol such as LLDP, a bad VLAN tag: if_link.h
+    # "rx_dropped ... packets dropped ... e.g. due to lack of buffer space, unsupported protocol");
+    # rx_missed_errors is folded into rx_dropped (if_link.h); the root qdisc's drops (tc -s).
+    "port_xmit_discards": "drop",
+    "VL15_dropped": "drop",
+    "hw_out_of_buffer": "drop",
+    "rx_dropped": "drop",
+    "tx_dropped": "drop",
+    "rx_missed_errors": "drop",
+    "qdisc_drops": "drop",
+    # /sys/class/net/<if>/statistics/ errors (if_link.h: the *_errors below are folded into
+    # rx_errors/tx_errors, which count frames lost to a fault of the link or the NIC).
+    "rx_errors": "link",
+    "tx_errors": "link",
+    "rx_crc_errors": "link",
+    "rx_frame_errors": "link",
+    "rx_fifo_errors": "link",
+    "rx_over_errors": "link",
+    "rx_length_errors": "link",
+    "tx_aborted_errors": "link",
+    "tx_carrier_errors": "link",
+    "tx_fifo_errors": "link",
+    "tx_heartbeat_errors": "link",
+    "tx_window_errors": "link",
+    "collisions": "link",
+}
+"""The class of every counter that is judged; the README's table is this one. ``hw_*_flush_error``
+counters are left out on purpose (``other``): they count work requests flushed when a queue pair
+is torn down, which follows any error and also a clean teardown with work outstanding."""
 
 ERROR_COUNTERS: frozenset[str] = frozenset(
-    {
-        # IB PortCounters (sysfs counters/), each a fault of the link or of the port's buffers.
-        "symbol_error",
-        "link_error_recovery",
-        "link_downed",
-        "port_rcv_errors",
-        "port_rcv_remote_physical_errors",
-        "port_rcv_switch_relay_errors",
-        "port_xmit_discards",
-        "port_xmit_constraint_errors",
-        "port_rcv_constraint_errors",
-        "local_link_integrity_errors",
-        "excessive_buffer_overrun_errors",
-        "VL15_dropped",
-        # mlx5 hw_counters/ that mean lost or corrupt packets or failed transport operations.
-        "hw_out_of_buffer",
-        "hw_out_of_sequence",
-        "hw_packet_seq_err",
-        "hw_local_ack_timeout_err",
-        "hw_rnr_nak_retry_err",
-        "hw_implied_nak_seq_err",
-        "hw_req_cqe_error",
-        "hw_resp_cqe_error",
-        "hw_req_remote_access_errors",
-        "hw_resp_remote_access_errors",
-        "hw_req_remote_invalid_request",
-        "hw_resp_local_length_error",
-        "hw_rx_icrc_encapsulated",
-        # /sys/class/net/<if>/statistics/
-        "rx_errors",
-        "tx_errors",
-        "rx_dropped",
-        "tx_dropped",
-        "rx_crc_errors",
-        "rx_frame_errors",
-        "rx_fifo_errors",
-        "rx_missed_errors",
-        "rx_over_errors",
-        "rx_length_errors",
-        "tx_aborted_errors",
-        "tx_carrier_errors",
-        "tx_fifo_errors",
-        "tx_heartbeat_errors",
-        "tx_window_errors",
-        "collisions",
-        # The root qdisc's drops (tc -s): where this kernel counts packets a tbf queue dropped.
-        "qdisc_drops",
-    }
+    name for name, cls in COUNTER_CLASSES.items() if cls in ("link", "retransmit", "drop")
 )
-"""Counters whose growth is a fault. hw_ ``*_flush_error`` counters are left out on purpose: they
-count work requests flushed when a queue pair is torn down, which follows any error and also a clean
-teardown with work outstanding."""
+"""Counters whose growth needs a look (``FabricDiff.errors``): every link, retransmit and drop counter."""
 
 TRAFFIC_COUNTERS: frozenset[str] = frozenset(
     {
@@ -133,6 +157,13 @@ read at 2**bits - 1 can no longer show growth (gpud's recorded H100 port: link_d
 port_xmit_discards 65535, excessive_buffer_overrun_errors 15). Only IB ports: netdev names differ."""
 
 
+def counter_class(name: str) -> CounterClass:
+    """The class of a counter (:data:`COUNTER_CLASSES`), ``traffic`` or ``other``."""
+    if name in COUNTER_CLASSES:
+        return COUNTER_CLASSES[name]
+    return "traffic" if name in TRAFFIC_COUNTERS else "other"
+
+
 def counter_kind(name: str) -> CounterKind:
     """``"error"``, ``"traffic"`` or ``"other"`` for a counter name as the parsers key it."""
     if name in ERROR_COUNTERS:
@@ -156,6 +187,10 @@ class CounterChange:
     increase: int | None  # None when the counter went down: the true increase is unknown
     went_down: bool = False
     saturated: bool = False
+
+    @property
+    def counter_class(self) -> CounterClass:
+        return counter_class(self.counter)
 
     @property
     def at_least(self) -> int:
@@ -186,6 +221,7 @@ class CounterChange:
             "port": self.port,
             "counter": self.counter,
             "kind": self.kind,
+            "class": self.counter_class,
             "before": self.before,
             "after": self.after,
             "increase": self.increase,

@@ -33,6 +33,16 @@ __all__ = [
 
 HEALTH = "pytest_gpucluster.workloads.health:health"
 COUNTERS = "pytest_gpucluster.workloads.health:counters"
+XID_WATCH_MAX_S = 24 * 3600.0
+"""The longest a node's session-spanning NVML XID listener lives if no last reading stops it."""
+
+
+def xid_watch_dir(session_started_at: float) -> str:
+    """The node-local folder of the session's XID listener (``workloads/xid_watch.py``): one per
+    session, named by its start, so the first and last counters readings find the same one."""
+    return f"/tmp/gpucluster-xid-watch-{int(session_started_at * 1000)}"
+
+
 FABRIC = "pytest_gpucluster.workloads.fabric_probe:node_snapshot"
 DCGM = "pytest_gpucluster.workloads.dcgm_diag:diag"
 SWEEP = "pytest_gpucluster.workloads.collectives:sweep"
@@ -50,11 +60,19 @@ INJECTED_DELAY_S = 0.02
 """The self-test's straggler sleeps this long before each timed call: far above any tolerance."""
 
 
-def health_part(nodes: int, settings: Any) -> Part:
-    """The health job on ``nodes`` nodes, its deadline `burnin_deadlines.health_deadline`
-    (``settings``: the session's, for ``--job-timeout`` and ``--rendezvous-timeout``)."""
-    deadline = health_deadline(nodes, settings)
-    return Part("burnin-health", HEALTH, nodes=nodes, timeout_s=deadline.seconds, deadline=deadline.text)
+def health_part(nodes: int, settings: Any, load_s: float = 5.0) -> Part:
+    """The health job on ``nodes`` nodes, each GPU loaded for ``load_s`` (``burnin.load_duration``),
+    its deadline `burnin_deadlines.health_deadline` (``settings``: the session's, for
+    ``--job-timeout`` and ``--rendezvous-timeout``)."""
+    deadline = health_deadline(nodes, settings, load_s)
+    return Part(
+        "burnin-health",
+        HEALTH,
+        {"load_s": load_s},
+        nodes=nodes,
+        timeout_s=deadline.seconds,
+        deadline=deadline.text,
+    )
 
 
 def straggler_sweep_part(nodes: int, settings: Any, backend: str, inject_rank: int | None = None) -> Part:

@@ -39,6 +39,7 @@ __all__ = [
     "health_deadline",
     "pair_deadline",
     "straggler_sweep_deadline",
+    "work_deadline",
 ]
 
 STARTUP_S = 120.0
@@ -59,19 +60,21 @@ DCGM_STARTUP_S = 60.0
 """The minute the DCGM job always had beyond the diag's own time: its start-up."""
 
 
-def health_deadline(nodes: int, settings: Any) -> Deadline:
-    """The health job on every node at once (``workloads.health:health``)."""
-    return _derived(HEALTH_WORK_S, "the health measurements' estimate", JOB_MINIMUM_S, nodes, settings)
+def health_deadline(nodes: int, settings: Any, load_s: float = 5.0) -> Deadline:
+    """The health job on every node at once (``workloads.health:health``), its GPU load
+    ``load_s`` (``burnin.load_duration``) on top of the measurements' estimate."""
+    how = "the health measurements' estimate" + (f" + the {seconds(load_s)} GPU load" if load_s > 5.0 else "")
+    return work_deadline(HEALTH_WORK_S + max(load_s - 5.0, 0.0), how, JOB_MINIMUM_S, nodes, settings)
 
 
 def counters_deadline(nodes: int, settings: Any) -> Deadline:
     """The ECC/XID counters' reading on every node (``workloads.health:counters``)."""
-    return _derived(COUNTERS_WORK_S, "reading the ECC/XID counters", JOB_MINIMUM_S, nodes, settings)
+    return work_deadline(COUNTERS_WORK_S, "reading the ECC/XID counters", JOB_MINIMUM_S, nodes, settings)
 
 
 def fabric_deadline(nodes: int, settings: Any) -> Deadline:
     """The fabric ports' reading, one rank per node (``workloads.fabric_probe:node_snapshot``)."""
-    return _derived(FABRIC_WORK_S, "reading the ports and qdiscs", FABRIC_MINIMUM_S, nodes, settings)
+    return work_deadline(FABRIC_WORK_S, "reading the ports and qdiscs", FABRIC_MINIMUM_S, nodes, settings)
 
 
 def straggler_sweep_deadline(options: Mapping[str, Any], backend: str, nodes: int, settings: Any) -> Deadline:
@@ -90,7 +93,7 @@ def straggler_sweep_deadline(options: Mapping[str, Any], backend: str, nodes: in
     how = f"{sum(sizes) * calls / 1e9:.4g} GB moved ({calls} calls per size) at a {rate / 1e9:g} GB/s floor"
     if delay:
         how += f" + {delay:g} s of injected delay"
-    return _derived(work, how, JOB_MINIMUM_S, nodes, settings)
+    return work_deadline(work, how, JOB_MINIMUM_S, nodes, settings)
 
 
 def pair_deadline(size_bytes: int, iters: int, backend: str, settings: Any, warmup: int = 2) -> Deadline:
@@ -98,7 +101,7 @@ def pair_deadline(size_bytes: int, iters: int, backend: str, settings: Any, warm
     rate = floor_rate(backend)
     moved = int(size_bytes) * (int(iters) + int(warmup))
     how = f"{moved / 1e9:.4g} GB moved ({iters} + {warmup} all_reduce calls) at a {rate / 1e9:g} GB/s floor"
-    return _derived(moved / rate, how, JOB_MINIMUM_S, 2, settings)
+    return work_deadline(moved / rate, how, JOB_MINIMUM_S, 2, settings)
 
 
 def dcgm_deadline(diag_timeout_s: float, nodes: int, settings: Any) -> Deadline:
@@ -117,8 +120,10 @@ def dcgm_deadline(diag_timeout_s: float, nodes: int, settings: Any) -> Deadline:
     return Deadline(total, why, diag_timeout_s, "")
 
 
-def _derived(work_s: float, how: str, minimum_s: float, nodes: int, settings: Any) -> Deadline:
-    """``--job-timeout`` when set, else ``max(work_s + STARTUP_S, minimum_s)`` plus the allowance."""
+def work_deadline(work_s: float, how: str, minimum_s: float, nodes: int, settings: Any) -> Deadline:
+    """``--job-timeout`` when set, else ``max(work_s + STARTUP_S, minimum_s)`` plus the rendezvous
+    allowance for ``nodes`` nodes: a job of a fixed amount of work (burn-in, fabric, NVLink, the NCCL
+    probe)."""
     override = explicit_timeout(settings)
     if override is not None:
         return override

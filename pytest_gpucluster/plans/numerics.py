@@ -29,6 +29,7 @@ __all__ = [
     "INJECT_BIT",
     "NUMERICS",
     "SELF_TEST_DURATION_S",
+    "dtype_ceilings",
     "dtype_floors",
     "numerics_deadline",
     "numerics_options",
@@ -116,3 +117,18 @@ def dtype_floors(model: ProfileModel) -> dict[str, Floor]:
         ref = ThresholdRef(model.name, ("numerics", "min_flops", dtype))
         floors[dtype] = Floor(value, ref, f"{format_value(value, 'FLOP/s')} ({ref})")
     return floors
+
+
+def dtype_ceilings(model: ProfileModel) -> dict[str, tuple[float, str]]:
+    """The physical ceiling of each dtype's throughput: the part's dense peak (devices.yaml
+    ``dense_flops``); empty for a CPU profile or a part the table does not know."""
+    if model.cluster.device != "cuda":
+        return {}
+    from pytest_gpucluster.profiles.devices import find_device
+
+    device = find_device(model.cluster.gpu_model)
+    if device is None:
+        return {}
+    return {
+        dtype: (peak, f"devices.yaml {device.key} dense_flops.{dtype}") for dtype, peak in device.dense_flops
+    }

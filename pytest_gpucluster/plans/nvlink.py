@@ -15,10 +15,12 @@ Pure: no pytest, no torch.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from pytest_gpucluster.checks.comparison import size_text
 from pytest_gpucluster.harness import Part
 from pytest_gpucluster.maths.sweep import sweep_sizes
+from pytest_gpucluster.plans.burnin_deadlines import work_deadline
 from pytest_gpucluster.profiles.nccl_env import allowed_algorithms
 from pytest_gpucluster.profiles.schema import ProfileModel
 
@@ -29,6 +31,7 @@ __all__ = [
     "NVLINK_ONLY",
     "inventory_part",
     "isolated_part",
+    "nvlink_deadline",
     "shm_vs_gloo_part",
     "speedup_parts",
     "speedup_sizes",
@@ -41,7 +44,11 @@ TRAFFIC = "pytest_gpucluster.workloads.nvlink_probe:traffic"
 SWEEP = "pytest_gpucluster.workloads.collectives:sweep"
 SHM_VS_GLOO = "pytest_gpucluster.workloads.shm_allreduce:compare"
 GPU_TIMEOUT_S = 300.0
+"""The fixed timeout the NVLink jobs had: none gets less now (`nvlink_deadline`)."""
 SHM_TIMEOUT_S = 300.0  # a cold DeepSpeed shm op build alone takes ~30 s on 2 cores
+NVLINK_WORK_S = 120.0
+"""Deliberately slow: NVML's link and counter reads, and all_reduce loops of a few sizes (the
+speedup's sweeps, 10 calls of 256 MiB for the counters) on one node."""
 TRAFFIC_OPTIONS = {"size_bytes": 256 << 20, "iters": 10}
 NCCL_LOG = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV", "NCCL_DEBUG_FILE": ""}
 """NCCL's INFO log on stdout, which the worker keeps in ``rank-<i>.log``: INIT prints every
@@ -76,18 +83,32 @@ def nodes_for(profile: ProfileModel, available_nodes: int) -> int:
     return max(1, min(profile.cluster.nodes, available_nodes))
 
 
-def inventory_part(profile: ProfileModel, available_nodes: int) -> Part:
+def nvlink_deadline(nodes: int, settings: Any, minimum_s: float = GPU_TIMEOUT_S) -> dict[str, Any]:
+    """``timeout_s`` and ``deadline`` of an NVLink job on ``nodes`` nodes: its work plus the rendezvous
+    allowance, as the sweeps and burn-in jobs (`plans.burnin_deadlines.work_deadline`); ``--job-timeout``
+    wins. Without ``settings`` (a caller with no session) the fixed :data:`GPU_TIMEOUT_S`."""
+    if settings is None:
+        return {"timeout_s": minimum_s}
+    deadline = work_deadline(
+        NVLINK_WORK_S, "NVML reads and short all_reduce loops", minimum_s, nodes, settings
+    )
+    return {"timeout_s": deadline.seconds, "deadline": deadline.text}
+
+
+def inventory_part(profile: ProfileModel, available_nodes: int, settings: Any = None) -> Part:
     """Every node's GPUs, links and topology matrix: one rank per node, no process group."""
+    nodes = nodes_for(profile, available_nodes)
     return Part(
-        name="nvlink-inventory", workload=INVENTORY, nodes=nodes_for(profile, available_nodes),
-        nproc_per_node=1, timeout_s=GPU_TIMEOUT_S, init_process_group=False,
+        name="nvlink-inventory", workload=INVENTORY, nodes=nodes, nproc_per_node=1,
+        init_process_group=False, **nvlink_deadline(nodes, settings),
     )  # fmt: skip
 
 
-def traffic_part(profile: ProfileModel, available_nodes: int) -> Part:
+def traffic_part(profile: ProfileModel, available_nodes: int, settings: Any = None) -> Part:
+    nodes = nodes_for(profile, available_nodes)
     return Part(
-        name="nvlink-traffic", workload=TRAFFIC, options=TRAFFIC_OPTIONS,
-        nodes=nodes_for(profile, available_nodes), timeout_s=GPU_TIMEOUT_S,
+        name="nvlink-traffic", workload=TRAFFIC, options=TRAFFIC_OPTIONS, nodes=nodes,
+        **nvlink_deadline(nodes, settings),
     )  # fmt: skip
 
 
@@ -105,16 +126,17 @@ def slow_side_env(profile: ProfileModel) -> dict[str, str]:
     return env
 
 
-def speedup_parts(profile: ProfileModel) -> tuple[Part, Part]:
+def speedup_parts(profile: ProfileModel, settings: Any = None) -> tuple[Part, Part]:
     """(fast, slow) on a GPU node: the all_reduce sweep as configured, and with NVLink off
     (:func:`slow_side_env`); both log NCCL's transports (:data:`NCCL_LOG`)."""
     span, _ = sweep_span(speedup_sizes(profile))
     options = {"collective": "all_reduce", **span, "in_place": False, "repeat": profile.collectives.repeat}
     options |= {"warmup": 5, "iters": 20}
-    fast = Part("nvlink-speedup-nccl-p2p", SWEEP, options, nodes=1, env=NCCL_LOG, timeout_s=GPU_TIMEOUT_S)
+    deadline = nvlink_deadline(1, settings)
+    fast = Part("nvlink-speedup-nccl-p2p", SWEEP, options, nodes=1, env=NCCL_LOG, **deadline)
     slow = Part(
         "nvlink-speedup-nvlink-off", SWEEP, options, nodes=1, env={**NCCL_LOG, **slow_side_env(profile)},
-        timeout_s=GPU_TIMEOUT_S,
+        **deadline,
     )  # fmt: skip
     return fast, slow
 
@@ -122,7 +144,7 @@ def speedup_parts(profile: ProfileModel) -> tuple[Part, Part]:
 SHM_REPEATS = 15
 
 
-def shm_vs_gloo_part(profile: ProfileModel) -> Part:
+def shm_vs_gloo_part(profile: ProfileModel, settings: Any = None) -> Part:
     """The CPU analogue: DeepSpeed's shm all_reduce and gloo's, interleaved repeat by repeat."""
     span, _ = sweep_span(speedup_sizes(profile))
     options = {
@@ -134,10 +156,14 @@ def shm_vs_gloo_part(profile: ProfileModel) -> Part:
         "repeat": max(profile.collectives.repeat, SHM_REPEATS),
         "dtype": "float32",
     }
-    return Part("nvlink-speedup-shm", SHM_VS_GLOO, options, nodes=1, timeout_s=SHM_TIMEOUT_S)
+    return Part(
+        "nvlink-speedup-shm", SHM_VS_GLOO, options, nodes=1, **nvlink_deadline(1, settings, SHM_TIMEOUT_S)
+    )
 
 
-def isolated_part(profile: ProfileModel, env: Mapping[str, str], nodes: int, name: str) -> Part:
+def isolated_part(
+    profile: ProfileModel, env: Mapping[str, str], nodes: int, name: str, settings: Any = None
+) -> Part:
     """One all_reduce size (the largest speedup size), out of place, in an environment that leaves
     one fabric only."""
     size = speedup_sizes(profile)[-1]
@@ -145,7 +171,7 @@ def isolated_part(profile: ProfileModel, env: Mapping[str, str], nodes: int, nam
         "collective": "all_reduce", "min_bytes": size, "max_bytes": size, "in_place": False,
         "repeat": profile.collectives.repeat,
     }  # fmt: skip
-    return Part(name, SWEEP, options, nodes=nodes, env=env, timeout_s=GPU_TIMEOUT_S)
+    return Part(name, SWEEP, options, nodes=nodes, env=env, **nvlink_deadline(nodes, settings))
 
 
 def sweep_span(sizes: Iterable[int]) -> tuple[dict[str, int], list[int]]:

@@ -11,7 +11,8 @@ lists every check and how to satisfy it; the modules hold the reasoning:
 - ``env_checks``: NIC lists matched by prefix, NCCL_ALGO values NCCL misreads.
 - ``cases``: SFT throughput (implied MFU), memory (ZeRO states + activations), run time against
   the job timeout, gates that cannot fail; scaling efficiency.
-- this module: burn-in floors and NVLink settings, and :func:`check_profile`, which runs them all.
+- this module: burn-in and numerics floors and NVLink settings, and :func:`check_profile`, which
+  runs them all.
 
 Import order (no cycles): schema <- devices <- peaks <- links/cases/env_checks <- physics <- loader.
 """
@@ -107,6 +108,32 @@ def _check_burnin(out: Collector, model: ProfileModel, peaks: Peaks) -> None:
         )
 
 
+def _check_numerics(out: Collector, model: ProfileModel, peaks: Peaks) -> None:
+    """Per-dtype GEMM floors against the part's dense peak for the dtype (devices.yaml dense_flops):
+    above it, or for a dtype the part has no peak for (fp8 on Ampere), no GPU can meet them."""
+    for dtype, value in model.numerics.min_flops.items():
+        key = ("numerics", "min_flops", dtype)
+        device = peaks.device
+        if model.cluster.device != "cuda" or device is None:
+            out.skip(key, "no device figure to hold it against")
+            continue
+        out.checked += 1
+        peak = device.dense_peak(dtype)
+        if peak is None:
+            out.error(
+                key,
+                f"min_flops.{dtype} {tflops(value)} per GPU: a {device.name} has no dense {dtype} peak in "
+                f"devices.yaml {device.key} (no {dtype} tensor cores), so the check could only ever be not "
+                "measured; remove the floor",
+            )
+        elif value > peak:
+            out.error(
+                key,
+                f"min_flops.{dtype} {tflops(value)} per GPU is above the dense {dtype} peak, {tflops(peak)} "
+                f"(devices.yaml {device.key} dense_flops.{dtype}): no GPU measures more than its peak",
+            )
+
+
 ONE_RANK = (
     "a collective on one rank measures nothing: an all_reduce moves no bus traffic (busbw factor "
     "2(n-1)/n = 0) and a broadcast or reduce through torch's in-place API is a no-op timed at launch cost"
@@ -147,5 +174,6 @@ def check_profile(model: ProfileModel, devices: tuple[Device, ...] | None = None
     for index, case in enumerate(model.sft.cases):
         check_case(out, index, case, model, peaks)
     _check_burnin(out, model, peaks)
+    _check_numerics(out, model, peaks)
     check_scaling(out, model)
     return out.report()

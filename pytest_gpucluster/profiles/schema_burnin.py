@@ -3,6 +3,7 @@ the fabric's ports and counters (``burnin:``, ``fabric:``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -91,6 +92,27 @@ class BurninSection(Section):
     min_pcie_gen: int | None = Field(None, ge=1, description="Current PCIe link generation per GPU.")
     min_pcie_width: int | None = Field(None, ge=1, description="Current PCIe link width (lanes) per GPU.")
     max_retired_pages: int | None = Field(None, ge=0, description="Retired pages / remapped rows per GPU.")
+    load_duration: Duration = Field(
+        5.0,
+        gt=0,
+        description="How long the health job loads each GPU (bf16 matmul after the benchmarks) while "
+        "temperature, power, clocks and clock reasons are sampled; the ceilings (max_temperature, "
+        "max_power, forbidden_throttle_reasons) are judged on the sustained part, the last half. "
+        "Minutes on a real burn-in (a weak cooler shows after a minute or more), seconds on cpu-local.",
+    )
+    require_xid_source: bool = Field(
+        False,
+        description="Fail a node whose XID events no source could read (kernel log, NVML, DCGM). Default: "
+        "a warning with the one-line fix (group membership or kernel.dmesg_restrict), never a failure for "
+        "the permission alone.",
+    )
+    max_corrected_ecc_per_hour: float | None = Field(
+        None,
+        ge=0,
+        description="Ceiling on each GPU's corrected ECC errors (and correctable remapped rows) per hour "
+        "between the first and the last counter reading; null (default): recorded, not gated. "
+        "Uncorrectable errors, retired pages, pending remaps and remap failures always gate at zero.",
+    )
     forbidden_throttle_reasons: tuple[str, ...] = Field(
         ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown"),
         description="NVML clock throttle reasons that fail a GPU when active.",
@@ -124,12 +146,31 @@ class FabricSection(Section):
     max_error_increase: int = Field(
         0,
         ge=0,
-        description="How much each error counter (symbol errors, link downed, receive errors, discards, "
-        "drops...) may grow over the run, per port.",
+        description="How much each link-class counter (symbol errors, link downed, link recovery, receive "
+        "errors, integrity, buffer overrun, NIC rx/tx errors...) may grow over the run, per port.",
+    )
+    max_retransmits_per_gb: float | None = Field(
+        100.0,
+        ge=0,
+        description="Ceiling for each retransmit-class counter (local_ack_timeout_err, packet_seq_err, "
+        "out_of_sequence, ...), as its growth per GB (1e9 bytes) the port moved over the run; null: "
+        "recorded, not gated.",
+    )
+    retransmits_per_gb: dict[str, float | None] = Field(
+        default_factory=dict,
+        description="Per retransmit counter, a ceiling other than max_retransmits_per_gb (null: recorded "
+        "only): {hw_out_of_sequence: 5000} where adaptive routing reorders by design.",
+    )
+    max_drop_increase: int | None = Field(
+        None,
+        ge=0,
+        description="How much each drop-class counter (rx_dropped, tx_dropped, port_xmit_discards, "
+        "out_of_buffer, qdisc drops...) may grow; null (default): recorded and shown, not gated.",
     )
     allowed_increase: dict[str, int] = Field(
         default_factory=dict,
-        description="Per error counter, an allowance other than max_error_increase: {symbol_error: 10}.",
+        description="Per link- or drop-class counter, an allowance other than the class's: "
+        "{symbol_error: 10, qdisc_drops: 0}.",
     )
     saturated: Literal["fail", "warn"] = Field(
         "fail",
@@ -145,4 +186,28 @@ class FabricSection(Section):
         bad = {k: v for k, v in value.items() if v < 0}
         if bad:
             raise ValueError(f"allowances must be 0 or more, got {bad}")
+        _known(value, ("link", "drop"), "an allowance (a count)")
         return value
+
+    @field_validator("retransmits_per_gb")
+    @classmethod
+    def _retransmit_counters(cls, value: dict[str, float | None]) -> dict[str, float | None]:
+        bad = {k: v for k, v in value.items() if v is not None and v < 0}
+        if bad:
+            raise ValueError(f"ceilings must be 0 or more, got {bad}")
+        _known(value, ("retransmit",), "a rate ceiling per GB")
+        return value
+
+
+def _known(names: Iterable[str], classes: tuple[str, ...], what: str) -> None:
+    """A counter name the classes do not know would silently judge nothing (a typo): refuse it."""
+    from pytest_gpucluster.parsers.fabric_diff import COUNTER_CLASSES
+
+    for name in names:
+        got = COUNTER_CLASSES.get(name)
+        if got not in classes:
+            allowed = sorted(k for k, c in COUNTER_CLASSES.items() if c in classes)
+            where = f"is a {got}-class counter" if got else "is not a counter this plugin knows"
+            raise ValueError(
+                f"{name!r} {where}; {what} applies to the {'/'.join(classes)} class: {', '.join(allowed)}"
+            )

@@ -126,15 +126,22 @@ def _hosts_note(c: BaselineComparison) -> str:
     if c.hosts_match:
         return "compared: the same hosts in both runs, so values of one host are compared per host"
     return (
-        "compared: the hosts differ, so values of one host are compared as the median over each run's hosts"
-        " (rows 'median over hosts')"
+        "compared: the hosts differ; values that name their host are compared per host where the host is in "
+        "both runs (rows 'per host'), a new host's with the baseline's median over its hosts (rows 'new host vs "
+        "baseline median'), a removed host's are listed as missing; values known only by rank are compared as "
+        "the median over each run's hosts (rows 'median over hosts')"
     )
 
 
 def comparison_notes(c: BaselineComparison) -> list[str]:
     """Which comparison was made, what is missing on either side, what changed, and the verdict."""
     lines = [_hosts_note(c)]
-    lines += [f"  {ch.subject}: {ch.basis_note}" for ch in c.changes if ch.basis_note and ch.status != "info"]
+    noted: dict[tuple[str, str], list[MetricChange]] = {}
+    for ch in c.changes:
+        if ch.basis_note and ch.status != "info":
+            noted.setdefault((ch.metric, ch.basis_note), []).append(ch)
+    for (metric, note), rows in noted.items():
+        lines.append(f"  {rows[0].subject if len(rows) == 1 else f'{metric} ({len(rows)} rows)'}: {note}")
     if not c.changes:
         lines.append("no measurement is present in both runs")
     if c.only_in_baseline:

@@ -46,6 +46,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pytest_gpucluster.burnin.drain import Suspect
 from pytest_gpucluster.results.model import Measurement, TestOutcome
 from pytest_gpucluster.results.text import failure_message, format_value
 
@@ -139,9 +140,18 @@ class Finding:
     problem: str | None = None
     """``not measured`` / ``broken measurement`` when the check said so."""
 
+    @property
+    def component(self) -> str | None:
+        """The GPU or port named, else the rank (``rank 3``) where the value names one."""
+        if self.gpu:
+            return f"GPU {self.gpu}"
+        if self.port:
+            return self.port
+        rank = self.labels.get("rank")
+        return None if rank is None else f"rank {rank}"
+
     def where(self) -> str:
-        parts = [p for p in (self.host, self.gpu and f"GPU {self.gpu}", self.port) if p]
-        return ", ".join(parts) or "cluster"
+        return ", ".join(p for p in (self.host, self.component) if p) or "cluster"
 
     def value_text(self) -> str:
         if self.measured is None:
@@ -264,7 +274,11 @@ def _point(m: Measurement) -> tuple[str, str, str]:
 
 
 def _source(m: Measurement) -> str:
-    return str(m.ref) if m.ref is not None else "a rule of the check (no profile key)"
+    return (
+        str(m.ref)
+        if m.ref is not None
+        else "no profile key recorded (a rule of the check, or a results.json older than schema 2)"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,21 +393,72 @@ def _from_outcome(o: TestOutcome, hosts: Sequence[str]) -> Finding:
     )
 
 
+def _from_suspect(s: Suspect, counted: Measurement | None) -> Finding:
+    """A node, GPU or link a burn-in check named by comparing it with its peers (a straggler, a
+    slow pair): hardware, its rung by what is named."""
+    if s.kind == "link":
+        action: Action = "reseat/replace cable or NIC"
+    elif s.kind == "gpu" or s.gpu:
+        action = "reset GPU"
+    else:
+        action = "drain node"
+    return Finding(
+        metric=counted.metric if counted is not None else f"burnin.{s.check}",
+        reason="hardware",
+        action=action,
+        why=f"named by the burn-in's {s.check} check against its peers",
+        host=None if s.kind == "link" else s.node,
+        gpu=s.gpu,
+        port=f"link {s.node} <-> {s.peer}" if s.kind == "link" else None,
+        scope=counted.scope if counted is not None else None,
+        labels={k: v for k, v in (("rank", s.rank),) if v is not None},
+        test_id=s.source,
+        message=s.line() + (f"\n{failure_message(counted)}" if counted is not None else ""),
+    )
+
+
 def findings_of(
-    measurements: Sequence[Measurement], outcomes: Sequence[TestOutcome] = (), hosts: Sequence[str] = ()
+    measurements: Sequence[Measurement],
+    outcomes: Sequence[TestOutcome] = (),
+    hosts: Sequence[str] = (),
+    suspects: Sequence[Suspect] = (),
 ) -> list[Finding]:
     """Every failure of a run as a finding, highest rung of the ladder first, then by host.
 
     A failed value (the last of its key: a confirmation supersedes its first measurement) gives
     one finding; a failed test that recorded no failed value gives one too (workload failed, or a
     regression). ``hosts`` are the run's hosts, to find the one a crash message names.
+    ``suspects`` are the drain list's (suspects.json): a failed count of a test that named
+    suspects (stragglers, slow pairs: a value that names no one) becomes one finding per suspect,
+    and a suspect that no failed value of its test names becomes one too.
     """
     latest = {m.key: m for m in measurements}
     groups: dict[tuple[str, str, str], list[Measurement]] = defaultdict(list)
     for m in latest.values():
         groups[_point(m)].append(m)
     peers = {point: _Peers.of(members) for point, members in groups.items()}
-    found = [_from_measurement(m, peers[_point(m)]) for m in latest.values() if m.failed]
+    named: dict[str, list[Suspect]] = defaultdict(list)
+    for s in suspects:
+        named[s.source].append(s)
+    found: list[Finding] = []
+    counts: dict[str, Measurement] = {}
+    for m in latest.values():
+        if not m.failed:
+            continue
+        if named.get(m.test_id) and not (
+            host_of(m.labels) or gpu_of(m.labels) or port_of(m.metric, m.labels)
+        ):
+            counts.setdefault(m.test_id, m)  # the suspects say who
+            continue
+        found.append(_from_measurement(m, peers[_point(m)]))
+    # a suspect whose test already has a failed value naming its host (or a link) is that finding
+    covered = {(f.test_id, f.host) for f in found if f.host} | {
+        (f.test_id, "link") for f in found if f.port and f.port.startswith("link ")
+    }
+    for source, listed in named.items():
+        for s in listed:
+            if (source, "link" if s.kind == "link" else s.node) not in covered:
+                found.append(_from_suspect(s, counts.get(source)))
     with_failed_values = {f.test_id for f in found}
     for o in outcomes:
         if o.outcome in ("failed", "error") and o.category != "pass" and o.test_id not in with_failed_values:

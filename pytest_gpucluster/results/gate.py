@@ -18,8 +18,13 @@ tolerance)``. The change the tables show is between the medians; the gate's own 
 The same rule the other way round says *improved*.
 
 **Hosts.** Values labelled with a machine (``host``, ``rank``, ``pair``, ``node``, ``gpu``) are
-compared per host when both runs ran on the same hosts; otherwise (another Slurm allocation) the
-median over the hosts of each run is compared, and the row says so (``basis``).
+compared per host. A value that names its host (``host`` or ``node``) is matched by it — and its
+GPU, pair or port, never by its rank, which shifts when the host list does — so after one node of
+eight is swapped the seven unchanged nodes are still compared host by host and GPU by GPU
+(``basis`` ``per host``); the new node's values are compared with the baseline's median over its
+hosts (``new host vs baseline median``) and the removed node's values are listed as missing. A
+value known only by its rank is compared per rank when both runs ran on the same hosts, else the
+median over each run's hosts is compared (``median over hosts``). Every row says which (``basis``).
 
 Pure: no pytest, no I/O, nothing from profiles/ (the session turns the profile's ``regression:``
 section into `Tolerances`).
@@ -325,6 +330,85 @@ def _with(m: Measurement, value: float, labels: dict[str, Any], spread: Spread |
     )
 
 
+def _named(m: Measurement) -> bool:
+    """Whether the value names its machine (``host`` or ``node``), not only a rank."""
+    return "host" in m.labels or "node" in m.labels
+
+
+def machine_key(m: Measurement) -> str:
+    """The key a value is matched by across runs when it names its machine: its key without the
+    rank (a host's rank shifts when a node is added, removed or swapped; its name does not)."""
+    labels = ",".join(f"{k}={m.labels[k]}" for k in sorted(m.labels) if k not in ("rank", "local_rank"))
+    return f"{m.metric}|{m.scope or ''}|{labels}"
+
+
+def _shared_machines(olds: Sequence[Measurement], group: Sequence[Measurement]) -> bool:
+    """Whether every value of both runs names its machine and at least one is in both runs (one
+    node swapped out of eight); with no machine in common (another allocation) the group is
+    compared as a median over hosts."""
+    if not olds or not all(_named(m) for m in (*olds, *group)):
+        return False
+    return bool({machine_key(m) for m in olds} & {machine_key(m) for m in group})
+
+
+def _fleet(olds: Sequence[Measurement]) -> Measurement:
+    """The baseline fleet a new host is compared with: the median over its hosts, its interval the
+    range of their values (a new host regresses only past every baseline host's noise)."""
+    median = _median_over_hosts(olds)
+    ends = [interval(m) for m in olds if m.judged and math.isfinite(m.value)]
+    if not ends or median.spread is None:
+        return median
+    spread = Spread(
+        median=median.spread.median,
+        min=min(lo for lo, _ in ends),
+        max=max(hi for _, hi in ends),
+        mad=median.spread.mad,
+        n=median.spread.n,
+        values=median.spread.values,
+    )
+    return Measurement.of(
+        _with(median, median.value, dict(median.labels), spread), test_id=median.test_id, time=median.time
+    )
+
+
+def _by_host(
+    out: GroupedComparison,
+    olds: Sequence[Measurement],
+    group: Sequence[Measurement],
+    tolerances: Tolerances,
+    first: Mapping[str, Measurement],
+) -> None:
+    """One group of values that name their machine: matched host by host (GPU by GPU); a host
+    only in this run is compared with the baseline's median over its hosts; a host only in the
+    baseline is listed as missing."""
+    old_by = {machine_key(m): m for m in olds}
+    fleet: Measurement | None = None
+    seen: set[str] = set()
+    for m in group:
+        twin = old_by.get(machine_key(m))
+        seen.add(machine_key(m))
+        if twin is not None:
+            out.changes.append(compare_pair(twin, m, tolerances, first=first.get(m.key), basis="per host"))
+            continue
+        fleet = fleet or _fleet(olds)
+        host = m.labels.get("host", m.labels.get("node"))
+        note = (
+            f"{host} is not in the baseline: compared with the baseline's {len(olds)} value(s) on "
+            f"{','.join(_hosts(olds))} (their median, and their range as the noise)"
+        )
+        out.changes.append(
+            compare_pair(
+                fleet,
+                m,
+                tolerances,
+                first=first.get(m.key),
+                basis="new host vs baseline median",
+                basis_note=note,
+            )
+        )
+    out.only_in_baseline.extend(o.key for o in olds if machine_key(o) not in seen)
+
+
 def _hosts(group: Sequence[Measurement]) -> list[str]:
     return sorted({str(m.labels["host"]) for m in group if "host" in m.labels}) or sorted(
         {str(m.labels.get("rank", m.labels.get("node", "?"))) for m in group}
@@ -365,6 +449,10 @@ def judge_groups(
         per_host = any(HOST_LABELS & set(m.labels) for m in group)
         olds = old_groups.get(gkey, [])
         same_keys = {m.key for m in group} == {m.key for m in olds}
+        if per_host and _shared_machines(olds, group):
+            used_old.update(m.key for m in olds)
+            _by_host(out, olds, group, tolerances, first)
+            continue
         if not per_host or (hosts_match and same_keys):
             for m in group:
                 if m.key not in old:

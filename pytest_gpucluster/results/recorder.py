@@ -124,6 +124,12 @@ class Recorder:
         self.flush()
         return recorded
 
+    def record_checks(self, checks: Iterable[Check], *, test_id: str) -> list[Measurement]:
+        """Record checks judged outside any test (the session's fail-closed verdict) under
+        ``test_id``, without raising: the caller adds the failed outcome they belong to."""
+        now = time.time()
+        return self._record(Measurement.of(c, test_id=test_id, time=now) for c in checks)
+
     def check(
         self, metric: str, value: float, threshold: float | None, *, unit: str, **kwargs: Any
     ) -> Measurement:

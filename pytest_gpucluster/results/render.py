@@ -4,7 +4,8 @@ module only how it reads in each format.
 A block is a tuple: ``("h2", text)``, ``("p", text)``, ``("pre", lines)``, ``("table", header,
 rows, css_class_column)``, ``("plot", Plot)``, ``("cells", header, rows)`` (a table of values that
 are not worth a chart), ``("verdict", Verdict)``, ``("matrix", NodeMatrix)``, ``("findings",
-findings, logs_href, limit)``, ``("skips", groups)``, ``("details", summary, blocks)`` (folded in
+findings, logs_href, limit, out_dir)`` (each finding links the job directories its message names,
+else the run's jobs/ folder), ``("skips", groups)``, ``("details", summary, blocks)`` (folded in
 HTML). report.html is one file: plots are inlined as data: URIs; report.md links ``plots/``.
 """
 
@@ -12,7 +13,10 @@ from __future__ import annotations
 
 import base64
 import html
+import os
+import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pytest_gpucluster.results.findings import ACTIONS, LADDER, Finding
@@ -72,7 +76,7 @@ def markdown(blocks: Sequence[Block]) -> str:
             ]
             out += _md_table(header, rows)
         elif kind == "findings":
-            findings, logs, limit = rest
+            findings, logs, limit, _ = rest
             shown = findings[:limit]
             out += _md_table((*FINDING_HEADER, "message"), [(*_finding_row(f), f.message) for f in shown])
             if len(findings) > limit:
@@ -175,13 +179,30 @@ def _quiet(row: Row) -> bool:
     return all(c.status in ("pass", "n.a.", "—") for c in row.cells.values())
 
 
-def _findings(findings: Sequence[Finding], logs: str | None, limit: int) -> str:
+_JOB_DIR = re.compile(r"(/[^\s'\"]*/jobs/[A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def job_dirs(message: str, out_dir: Path | None) -> list[str]:
+    """The job directories a failure message names, relative to the report where they lie under
+    its folder (a link that survives copying the results folder), else as they are."""
+    found = []
+    for path in dict.fromkeys(_JOB_DIR.findall(message)):
+        if out_dir is not None and Path(path).is_relative_to(out_dir):
+            path = os.path.relpath(path, out_dir)
+        found.append(path.rstrip("/") + "/")
+    return found[:3]
+
+
+def _findings(findings: Sequence[Finding], logs: str | None, limit: int, out_dir: Path | None = None) -> str:
     e = html.escape
     head = "".join(f"<th>{e(h)}</th>" for h in (*FINDING_HEADER, "raw message and logs"))
     body = []
     for f in findings[:limit]:
         cells = "".join(f"<td>{e(c)}</td>" for c in _finding_row(f))
-        link = f" <a href='{e(logs)}'>job logs</a>" if logs else ""
+        named = job_dirs(f.message, out_dir)
+        link = "".join(f" <a href='{e(d)}'>job {e(Path(d).name)}</a>" for d in named) or (
+            f" <a href='{e(logs)}'>job logs</a>" if logs else ""
+        )
         raw = (
             f"<details><summary>{e(f.why)}</summary><pre>{e(f.message)}</pre>"
             f"<div>test: <code>{e(f.test_id)}</code>{link}</div></details>"

@@ -16,7 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_gpucluster.burnin.drain import DRAINING_ACTIONS, SUSPECTS_FILE, write_findings
+from pytest_gpucluster.burnin import BurninError
+from pytest_gpucluster.burnin.drain import (
+    DRAINING_ACTIONS,
+    SUSPECTS_FILE,
+    Suspect,
+    read_suspects,
+    write_findings,
+)
 from pytest_gpucluster.results.baseline import BaselineComparison, GateMode, RunResults, compare_runs
 from pytest_gpucluster.results.chart_groups import uncharted_rows
 from pytest_gpucluster.results.comparison_text import (
@@ -124,7 +131,7 @@ def _blocks(
     sign-off (verdict, node x area matrix with the next action per node, findings, skips), then
     the raw failures and the baseline comparison, the charts, every number, the setup."""
     hosts = [str(h) for h in run.fingerprint.get("hosts") or ()]
-    findings = findings_of(run.measurements, run.outcomes, hosts)
+    findings = findings_of(run.measurements, run.outcomes, hosts, suspects_beside(Path(run.source)))
     matrix = node_matrix(run.measurements, run.outcomes, findings, hosts)
     matrix.add_column(action_column(findings, [r.name for r in matrix.nodes]))
     if run.history:
@@ -138,7 +145,7 @@ def _blocks(
     if findings:
         blocks += [
             ("h2", f"Findings: {len(findings)} (reason class and next action for each)"),
-            ("findings", findings, _logs_href(run, out_dir), FINDING_ROWS),
+            ("findings", findings, _logs_href(run, out_dir), FINDING_ROWS, out_dir.resolve()),
         ]
     if run.retest and run.retest.get("rows"):
         retest = run.retest
@@ -255,7 +262,7 @@ def write_reports(
     out_dir.mkdir(parents=True, exist_ok=True)
     note = unavailable() if charts else "charts were not asked for"
     old_values = (
-        {c.key: c.old for c in comparison.changes if c.basis != "median over hosts"}
+        {c.key: c.old for c in comparison.changes if c.basis in ("same point", "per host")}
         if comparison is not None
         else {}
     )
@@ -357,12 +364,22 @@ def record_findings(recorder: Recorder, out_dir: Path) -> list[Finding]:
     """The run's findings into results.json (``findings``) and into the drain list (suspects.json,
     where burn-in wrote one or a finding needs a host drained)."""
     hosts = [str(h) for h in (recorder.header.get("fingerprint") or {}).get("hosts") or ()]
-    findings = findings_of(recorder.measurements, recorder.outcomes, hosts)
+    suspects = suspects_beside(out_dir / "results.json")
+    findings = findings_of(recorder.measurements, recorder.outcomes, hosts, suspects)
     recorder.header["findings"] = [f.to_json() for f in findings]
     drain_list = out_dir / SUSPECTS_FILE
     if drain_list.exists() or any(f.action in DRAINING_ACTIONS and f.host for f in findings):
         write_findings(drain_list, recorder.header["findings"])
     return findings
+
+
+def suspects_beside(results: Path) -> list[Suspect]:
+    """The burn-in's suspects in the suspects.json next to a results.json (none: no file, or one
+    that cannot be read — the report is still written, from the values alone)."""
+    try:
+        return read_suspects(results.parent / SUSPECTS_FILE)
+    except BurninError:
+        return []
 
 
 def _unreported(comparison: BaselineComparison) -> str:

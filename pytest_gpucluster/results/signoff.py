@@ -36,7 +36,7 @@ class Verdict:
 
 def _short(f: Finding) -> str:
     """``GPU 5: burnin.gpu_matmul 540 TFLOP/s (>= 800 TFLOP/s) -> reset GPU``."""
-    who = ", ".join(p for p in (f.gpu and f"GPU {f.gpu}", f.port) if p)
+    who = f.component or ""
     values = f" {f.value_text()} ({f.threshold_text()})" if f.threshold is not None else ""
     what = f.metric.rsplit("::", 1)[-1] if f.measured is None and f.threshold is None else f.metric
     return f"{who + ': ' if who else ''}{what}{values} -> {f.action}"
@@ -92,7 +92,8 @@ def verdict_of(
     if findings:
         top = max(f.rank for f in findings)
         parts.append(f"{len(findings)} finding(s): {by_reason}; highest next action: {LADDER[top]}")
-    return Verdict(False, f"NOT FIT: {tests}" if tests else "NOT FIT", ". ".join(parts) + ".")
+    sentence = ". ".join(p[0].upper() + p[1:] for p in parts) + "."
+    return Verdict(False, f"NOT FIT: {tests}" if tests else "NOT FIT", sentence)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,8 +10,9 @@ shared with report.md.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from pytest_gpucluster.results.model import Measurement, TestOutcome
 from pytest_gpucluster.results.recorder import Recorder
@@ -96,6 +97,29 @@ def failure_lines(outcomes: Sequence[TestOutcome]) -> list[str]:
     return lines
 
 
+def threshold_lines(thresholds: Mapping[str, Any] | None) -> list[str]:
+    """The fail-closed tally (``checks/fail_closed.py``): thresholds whose tests were skipped (with
+    the reason) and those not run in this selection; the unmeasured ones fail as checks."""
+    if not thresholds:
+        return []
+    lines = []
+    excused = thresholds.get("excused") or []
+    if excused:
+        lines.append(f"thresholds not judged, their tests skipped: {len(excused)}")
+        lines += [f"  {e['key']}: {e['why']}" for e in excused]
+    not_run = thresholds.get("not_run") or []
+    judged = thresholds.get("measured") or excused or thresholds.get("not_measured")
+    if not_run and judged:  # none of the suite ran: nothing to say
+        shown = ", ".join(not_run[:8]) + (f" and {len(not_run) - 8} more" if len(not_run) > 8 else "")
+        lines.append(f"thresholds not run in this selection: {len(not_run)} ({shown})")
+    missing = thresholds.get("not_measured") or []
+    if missing:
+        lines.append(
+            f"NOT MEASURED: {len(missing)} threshold(s) the profile sets had no value: {', '.join(missing)}"
+        )
+    return lines
+
+
 def summary_lines(
     recorder: Recorder,
     results_dir: Path,
@@ -110,6 +134,7 @@ def summary_lines(
         lines += table_lines(measurement_rows(recorder.measurements))
     else:
         lines.append("no measurements were recorded")
+    lines += threshold_lines(recorder.header.get("thresholds"))
     lines += finding_lines
     if recorder.outcomes:
         lines.append("tests: " + outcome_counts(recorder.outcomes))

@@ -25,11 +25,33 @@ Reader = Callable[[], Mapping[str, Any]]
 REASONS_FIELD = "throttle_reasons"
 
 
+SUSTAINED_FROM = 0.5
+"""The sustained part of a load is its last half: a GPU's temperature and power climb for tens of
+seconds to minutes before they settle, so the ceilings are judged where they have settled."""
+
+
 def summarize_samples(
-    samples: Sequence[Mapping[str, Any]], duration_s: float, interval_s: float, error: str | None = None
+    samples: Sequence[Mapping[str, Any]],
+    duration_s: float,
+    interval_s: float,
+    error: str | None = None,
+    times: Sequence[float] = (),
 ) -> dict[str, Any]:
     """Per numeric field its min, max and mean over the samples; per clock reason the number of
-    samples it was active in. ``error`` says why sampling stopped early (None: it did not)."""
+    samples it was active in. ``error`` says why sampling stopped early (None: it did not).
+    ``times`` (seconds from the load's start, one per sample): the same summary of the samples
+    in the load's last half is added under ``sustained`` (with ``from_s``, where it starts)."""
+    out = _summary(samples)
+    out.update(interval_s=interval_s, duration_s=duration_s, error=error)
+    if times and len(times) == len(samples):
+        start = duration_s * SUSTAINED_FROM
+        late = [s for s, t in zip(samples, times, strict=True) if t >= start]
+        if late:
+            out["sustained"] = {**_summary(late), "from_s": start}
+    return out
+
+
+def _summary(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     numbers: dict[str, list[float]] = {}
     reasons: dict[str, int] = {}
     for sample in samples:
@@ -43,14 +65,7 @@ def summarize_samples(
         name: {"min": min(vals), "max": max(vals), "mean": sum(vals) / len(vals), "samples": len(vals)}
         for name, vals in numbers.items()
     }
-    return {
-        "samples": len(samples),
-        "interval_s": interval_s,
-        "duration_s": duration_s,
-        "fields": fields,
-        "reasons": reasons,
-        "error": error,
-    }
+    return {"samples": len(samples), "fields": fields, "reasons": reasons}
 
 
 def counter_deltas(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
@@ -83,6 +98,7 @@ class LoadSampler:
             raise ValueError(f"a sampling interval must be positive, got {interval_s}")
         self._read, self._interval, self._clock = read, interval_s, clock
         self._samples: list[Mapping[str, Any]] = []
+        self._times: list[float] = []
         self._error: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpu-load-sampler", daemon=True)
@@ -90,7 +106,9 @@ class LoadSampler:
 
     def _sample(self) -> bool:
         try:
-            self._samples.append(dict(self._read()))
+            sample = dict(self._read())
+            self._times.append(self._clock() - self._started)
+            self._samples.append(sample)
         except Exception as exc:  # an NVML error must not cost the load's own measurements
             self._error = (
                 f"sampling stopped after {len(self._samples)} sample(s): {type(exc).__name__}: {exc}"
@@ -114,4 +132,6 @@ class LoadSampler:
         self._thread.join()
         if not self._samples and self._error is None:
             self._sample()
-        return summarize_samples(self._samples, self._clock() - self._started, self._interval, self._error)
+        return summarize_samples(
+            self._samples, self._clock() - self._started, self._interval, self._error, self._times
+        )

@@ -83,6 +83,14 @@ def _gpu_uuid(torch: Any, index: int) -> str | None:
     return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
 
 
+def device_index(local_rank: int, visible: int) -> int:
+    """The CUDA device a rank takes: its local rank (``LOCAL_RANK``, ``SLURM_LOCALID``,
+    ``OMPI_COMM_WORLD_LOCAL_RANK``) among the devices it sees; ``local_rank % visible`` where a site
+    binds one GPU per task (one visible device: device 0, the task's own). Two ranks of a node that
+    end up on one GPU are named by the parent (`launch.result.shared_gpus`)."""
+    return local_rank % visible
+
+
 def _pick_device(identity: RankIdentity, backend: str, gpu: dict[str, Any]) -> str:
     """``cpu`` for gloo; for nccl, CUDA device ``local_rank % visible`` (sites that bind one GPU per
     task show each rank a single device, which is then device 0). ``gpu`` gets what was chosen:
@@ -101,7 +109,7 @@ def _pick_device(identity: RankIdentity, backend: str, gpu: dict[str, Any]) -> s
             f"{torch.version.cuda or 'none: a CPU-only build'}). Check the job's GPU request (srun "
             "--gpus-per-node/--gres), the driver on the node (nvidia-smi) and the torch build."
         )
-    index = identity.local_rank % visible
+    index = device_index(identity.local_rank, visible)
     torch.cuda.set_device(index)
     gpu.update(index=index, visible=visible, cuda_visible_devices=env, uuid=_gpu_uuid(torch, index))
     return f"cuda:{index}"
@@ -119,6 +127,8 @@ def _init_process_group(backend: str, timeout_s: float, device: str) -> None:
 
 
 def _teardown() -> None:
+    if "torch" not in sys.modules:
+        return  # a job that never imported torch (the DCGM diag) has no group to end: keep it torch-free
     try:
         import torch.distributed as dist
 

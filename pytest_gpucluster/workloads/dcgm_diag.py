@@ -9,13 +9,17 @@ raising: the parent decides whether a node without DCGM is a skip (no node has i
 is reported, not judged; parsing the JSON is the parent's job (``parsers/dcgm_diag.py``).
 The command is an argv list; nothing goes through a shell.
 
-Standard library only.
+Standard library only, and the job runs with ``pick_device=False`` and no process group: the rank
+imports no torch and holds no CUDA context, so ``dcgmi diag`` has every GPU to itself (under
+``EXCLUSIVE_PROCESS`` compute mode a context of ours on GPU 0 fails DCGM's test of GPU 0). The
+value says whether torch was loaded in the rank (``torch_in_rank``), for the test that holds it.
 """
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import time
 from typing import Any
 
@@ -36,7 +40,7 @@ def diag(ctx: Any) -> dict[str, Any]:
     options = ctx.options
     program = str(options.get("dcgmi", "dcgmi"))
     found = shutil.which(program)
-    base = {"host": ctx.host, "rank": ctx.rank}
+    base = {"host": ctx.host, "rank": ctx.rank, "torch_in_rank": "torch" in sys.modules}
     if found is None:
         return {
             **base,

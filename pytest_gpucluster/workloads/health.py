@@ -36,11 +36,13 @@ pynvml only. The node's NVML readings, XID events and versions are read by ``_no
 
 from __future__ import annotations
 
+import getpass
 import os
 import statistics
 import time
 from typing import Any
 
+from pytest_gpucluster.workloads import xid_watch
 from pytest_gpucluster.workloads._gpu_health import ecc_smi_text, gpu_under_load
 from pytest_gpucluster.workloads._node_facts import nvml_readings, versions, xid_events
 from pytest_gpucluster.workloads._runtime import RankContext
@@ -171,7 +173,10 @@ def counters(ctx: RankContext) -> dict[str, Any]:
     """ECC, retired-page and remapped-row counters of this rank's GPU, and its node's XID events."""
     import torch
 
-    result: dict[str, Any] = {"rank": ctx.rank, "host": ctx.host, "local_rank": ctx.local_rank}
+    result: dict[str, Any] = {
+        "rank": ctx.rank, "host": ctx.host, "local_rank": ctx.local_rank, "taken_at": time.time(),
+        "user": getpass.getuser(),
+    }  # fmt: skip
     if not ctx.is_cuda:
         why = f"{ctx.host} has no CUDA device, so there are no ECC or XID counters to read"
         result["skipped"] = {"nvml": why, "xid": why}
@@ -180,6 +185,7 @@ def counters(ctx: RankContext) -> dict[str, Any]:
     result["nvml"] = nvml
     if ctx.local_rank == 0:
         _add_xids(ctx, result, skipped)
+        _xid_watch(ctx, result, skipped)
     result["skipped"] = skipped
     return result
 
@@ -191,6 +197,26 @@ def _add_xids(ctx: RankContext, result: dict[str, Any], skipped: dict[str, str])
         skipped["xid"] = why or f"XID events not readable on {ctx.host}"
     else:
         result["xid_events"], result["xid_source"] = xids, source
+
+
+def _xid_watch(ctx: RankContext, result: dict[str, Any], skipped: dict[str, str]) -> None:
+    """The node's session-spanning NVML XID listener (``workloads/xid_watch.py``): started by the
+    first reading (``phase`` before), read and stopped by the last (after)."""
+    watch = ctx.options.get("xid_watch") or {}
+    if not watch.get("dir"):
+        return
+    if watch.get("phase") == "before":
+        ok, why = xid_watch.start(watch["dir"], float(watch.get("max_s", 86400.0)))
+        if ok:
+            result["xid_watch"] = xid_watch.SOURCE
+        else:
+            skipped["xid_watch"] = f"{ctx.host}: {why}"
+        return
+    events, why = xid_watch.collect(watch["dir"])
+    if events is None:
+        skipped["xid_watch"] = f"{ctx.host}: {why}"
+    else:
+        result["xid_watch"], result["xid_watch_events"] = xid_watch.SOURCE, events
 
 
 def pair_allreduce(ctx: RankContext) -> dict[str, Any]:

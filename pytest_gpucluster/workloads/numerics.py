@@ -59,9 +59,13 @@ def _platform(torch: Any, ctx: RankContext, dev: Any) -> dict[str, Any]:
             capability=f"{props.major}.{props.minor}",
             sm_count=props.multi_processor_count,
             cuda=torch.version.cuda,
+            driver_cuda=_driver_cuda(torch),
             cublas_workspace=os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
         )
-        key = f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, CUDA {torch.version.cuda}"
+        key = (
+            f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, CUDA "
+            f"{torch.version.cuda}, driver CUDA {info['driver_cuda']}"
+        )
     else:
         info.update(
             name=platform.processor() or platform.machine(),
@@ -74,6 +78,16 @@ def _platform(torch: Any, ctx: RankContext, dev: Any) -> dict[str, Any]:
         )
     info["key"] = key
     return info
+
+
+def _driver_cuda(torch: Any) -> str | None:
+    """The CUDA version the node's driver supports (``12080`` -> ``12.8``): a driver that JIT-compiles
+    a kernel differently is a different platform, not a faulty GPU. None where torch hides it."""
+    try:
+        version = int(torch._C._cuda_getDriverVersion())
+    except (AttributeError, RuntimeError, TypeError, ValueError):
+        return None
+    return f"{version // 1000}.{version % 1000 // 10}"
 
 
 def _gpu_label(torch: Any, ctx: RankContext, dev: Any) -> str | None:

@@ -9,8 +9,11 @@ the loss at the start and end of training, and GPU utilisation sampled through N
 A "step" is one optimizer step, ``grad_accum`` micro-batches of ``micro_batch`` sequences of
 exactly ``seq_len`` tokens (what HF Trainer's progress bar calls an ``it``). Tokens per second
 count *processed* tokens, padding included (``micro_batch * grad_accum * seq_len`` per step):
-that is the figure thresholds gate and MFU uses, as in Megatron and FlagScale logs; the
-non-padding count is reported beside it as ``real_tokens_per_s_per_device``.
+that is the figure thresholds gate, as in Megatron and FlagScale logs; the non-padding count is
+reported beside it as ``real_tokens_per_s_per_device``, and ``padding_fraction`` says how much of
+each batch was padding. MFU counts the dense ``6N`` over processed tokens and the attention term
+over the padded length, or over each sequence's real length where the attention implementation
+skips padding (``flash_attention_2``); ``mfu_formula`` names which (``maths.metrics.step_model_flops``).
 
 Rank-side module: the standard library, ``metrics``, torch, DeepSpeed and ``transformers``
 (the last three imported inside ``train``), never pytest or the launch side.
@@ -198,6 +201,8 @@ class _Prepared:
     examples: int
     batches: list[Any]
     real_tokens_of: list[int]
+    lengths_of: list[list[int]]
+    """Per batch, each sequence's real (non-padding) length."""
     ds_config: dict[str, Any]
     model: Any
     dims: metrics.TransformerShape
@@ -255,7 +260,8 @@ def _prepare(ctx: RankContext, opts: SFTOptions) -> _Prepared:
         )
     return _Prepared(
         precision, world_group is not None and dist.group.WORLD is world_group, tokenizer.name, data_path,
-        len(items), batches, [int(b["attention_mask"].sum()) for b in batches], ds_config, model, dims, model_name,
+        len(items), batches, [int(b["attention_mask"].sum()) for b in batches],
+        [[int(n) for n in b["attention_mask"].sum(dim=1).tolist()] for b in batches], ds_config, model, dims, model_name,
     )  # fmt: skip
 
 
@@ -268,6 +274,8 @@ class _Steps:
     step_times: list[float]
     step_cpu_times: list[float]
     real_tokens: int
+    real_lengths: list[int]
+    """Every timed sequence's real length, in order (for attention FLOPs over real tokens)."""
     util: dict[str, Any] | None
     util_reason: str | None
     nvml_used: int
@@ -279,7 +287,7 @@ def _run_steps(ctx: RankContext, opts: SFTOptions, engine: Any, prep: _Prepared)
     import torch.distributed as dist
 
     total_steps = opts.warmup_steps + opts.steps
-    losses, step_times, step_cpu_times, real_tokens = [], [], [], 0
+    losses, step_times, step_cpu_times, real_tokens, real_lengths = [], [], [], 0, []
     sampler, util_reason, last_print = None, None, 0.0
     try:
         for step in range(1, total_steps + 1):
@@ -298,6 +306,7 @@ def _run_steps(ctx: RankContext, opts: SFTOptions, engine: Any, prep: _Prepared)
                 loss_sum = loss.detach().float() if loss_sum is None else loss_sum + loss.detach().float()
                 if step > opts.warmup_steps:
                     real_tokens += prep.real_tokens_of[index]
+                    real_lengths += prep.lengths_of[index]
             ctx.synchronize()
             elapsed = time.perf_counter() - start
             losses.append(loss_sum / opts.grad_accum)
@@ -324,7 +333,7 @@ def _run_steps(ctx: RankContext, opts: SFTOptions, engine: Any, prep: _Prepared)
         dist.all_reduce(loss_curve)
         loss_curve /= ctx.world_size
     values = [float(v) for v in loss_curve.cpu()]
-    return _Steps(values, step_times, step_cpu_times, real_tokens, util, util_reason, nvml_used)
+    return _Steps(values, step_times, step_cpu_times, real_tokens, real_lengths, util, util_reason, nvml_used)
 
 
 def train(ctx: RankContext) -> dict[str, Any]:
@@ -374,7 +383,14 @@ def _result(
     samples_per_step = opts.micro_batch * opts.grad_accum
     tokens_per_s = samples_per_step * opts.seq_len / times.median
     flops_per_token = prep.dims.flops_per_token(opts.seq_len)
-    mfu = metrics.mfu(tokens_per_s, flops_per_token, opts.peak_flops) if opts.peak_flops else None
+    processed = samples_per_step * opts.seq_len * opts.steps
+    model_flops, formula = metrics.step_model_flops(
+        prep.dims, processed, opts.seq_len, steps.real_lengths,
+        skips_padding=opts.attn_implementation == "flash_attention_2",
+    )  # fmt: skip
+    # per device per second at the median step: the timed steps' FLOPs averaged over them
+    model_flops_per_s = model_flops / opts.steps / times.median
+    mfu = model_flops_per_s / opts.peak_flops if opts.peak_flops else None
     return {
         "rank": ctx.rank,
         "world_size": ctx.world_size,
@@ -402,7 +418,9 @@ def _result(
         "tokens_counted": "processed: micro_batch x grad_accum x seq_len per step, padding included",
         "real_tokens_per_s_per_device": steps.real_tokens / opts.steps / times.median,
         "flops_per_token": flops_per_token,
-        "model_flops_per_s_per_device": tokens_per_s * flops_per_token,
+        "padding_fraction": 1.0 - steps.real_tokens / processed if processed else None,
+        "model_flops_per_s_per_device": model_flops_per_s,
+        "mfu_formula": metrics.MFU_FORMULAS[formula],
         "peak_flops": opts.peak_flops,
         "mfu": mfu,
         "mfu_reason": None if mfu is not None else "no peak_flops in the options (the profile gives it)",

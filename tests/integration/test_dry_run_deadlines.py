@@ -82,3 +82,7 @@ def test_every_job_shows_its_timeout_and_none_is_below_its_estimate(tmp_path, pr
     burnin = {p: d for p, d in plan.items() if p.startswith("burnin-")}
     assert {"burnin-health", "burnin-straggler-sweep", "burnin-fabric"} <= set(burnin), sorted(plan)
     assert all("grants 8 node(s) 134 s (2.23 min) to start" in d for d in burnin.values()), burnin
+    # the NVLink parts and the NCCL probe too (they kept a fixed 300 s before), on the profile's nodes
+    fixed_before = {p: d for p, d in plan.items() if p.startswith(("nvlink-", "nccl-probe"))}
+    assert {"nvlink-inventory", "nvlink-traffic", "nccl-probe"} <= set(fixed_before), sorted(plan)
+    assert all("rendezvous allowance" in d and "grants " in d for d in fixed_before.values()), fixed_before

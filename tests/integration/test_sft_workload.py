@@ -115,6 +115,9 @@ def test_tiny_llama_trains_under_deepspeed_zero(tmp_path, zero_stage, source):
         assert v["loss_last"] < v["loss_first"], v["losses"]
         assert v["peak_memory_kind"] == "cpu_max_rss" and v["peak_memory_bytes"] > 50 * 2**20
         assert v["gpu_util_pct"] is None and "CPU" in v["gpu_util_reason"]
+        real = v["real_tokens_per_s_per_device"] / v["tokens_per_s_per_device"]
+        assert v["padding_fraction"] == pytest.approx(1 - real) and 0 < v["padding_fraction"] < 1
+        assert v["mfu_formula"].startswith("PaLM: (6N + 12*L*H*Q*T)")  # sdpa computes the padding
         if peak_flops:
             expected = v["tokens_per_s_per_device"] * v["flops_per_token"] / peak_flops
             assert v["mfu"] == pytest.approx(expected)

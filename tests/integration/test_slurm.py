@@ -32,10 +32,11 @@ from pathlib import Path
 import pytest
 
 from pytest_gpucluster.cluster.spec import ClusterSpec
+from pytest_gpucluster.errors import GpuClusterWarning
 from pytest_gpucluster.launch import get_launcher
 from pytest_gpucluster.launch.job import Cluster
 from pytest_gpucluster.launch.slurm import cancel_by_name, find_ids
-from pytest_gpucluster.workloads import basic
+from pytest_gpucluster.workloads import _worker, basic
 
 REPO = Path(__file__).parents[2]
 SBIN = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/local/sbin"])
@@ -310,6 +311,7 @@ def test_cancel_by_name_cancels_a_running_job_through_scancel(slurm_cluster, tmp
 
 HANGING_SLURM_JOB = """
 from pytest_gpucluster.cluster.spec import ClusterSpec
+from pytest_gpucluster.errors import GpuClusterWarning
 from pytest_gpucluster.launch import get_launcher
 from pytest_gpucluster.launch.job import Cluster
 
@@ -395,9 +397,10 @@ def test_one_gpu_per_task_gives_each_rank_its_own_device(slurm_cluster, tmp_path
     """Sites that bind one GPU per task: each rank sees one device (its CUDA_VISIBLE_DEVICES), and
     the worker's ``local_rank % visible`` then picks device 0 of it."""
     spec = ClusterSpec(hosts=((slurm_cluster.node, 2),), nproc_per_node=2, backend="gloo", source="slurm")
-    launcher = get_launcher(
-        "slurm", mode="tasks", device="cuda", gpus_per_node=2, gpu_request="gpus-per-task"
-    )
+    with pytest.warns(GpuClusterWarning, match="each rank sees only its own GPU, so CUDA IPC"):
+        launcher = get_launcher(
+            "slurm", mode="tasks", device="cuda", gpus_per_node=2, gpu_request="gpus-per-task"
+        )
     result = Cluster(spec, launcher, tmp_path).run(
         "pytest_gpucluster.workloads.node_probe:probe", options={"env_patterns": ENV_SEEN}, timeout=90,
         init_process_group=False, pick_device=False,
@@ -405,6 +408,30 @@ def test_one_gpu_per_task_gives_each_rank_its_own_device(slurm_cluster, tmp_path
     assert "--gpus-per-task=1" in result.commands[0].argv
     visible = [v["env"].get("CUDA_VISIBLE_DEVICES") for v in result.values]
     assert all(v is not None and len(v.split(",")) == 1 for v in visible), visible
+
+
+def test_tasks_mode_gives_every_rank_the_nodes_gpus_and_the_device_of_its_slurm_localid(
+    slurm_cluster, tmp_path
+):
+    """NVLink needs the ranks of a node to see each other's GPUs (CUDA IPC): tasks mode asks for the
+    node's GPUs per node with no per-task binding, so every task sees all of them, and each rank
+    takes device SLURM_LOCALID (`_worker.device_index`): distinct devices, none shared. (Slurm
+    22.05's --gpu-bind=none would leave CUDA_VISIBLE_DEVICES unset: the whole node's GPUs.)"""
+    spec = ClusterSpec(hosts=((slurm_cluster.node, 2),), nproc_per_node=2, backend="gloo", source="slurm")
+    launcher = get_launcher("slurm", mode="tasks", device="cuda", gpus_per_node=2)
+    result = Cluster(spec, launcher, tmp_path).run(
+        "pytest_gpucluster.workloads.node_probe:probe", options={"env_patterns": [*ENV_SEEN, "SLURM_LOCALID"]},
+        timeout=90, init_process_group=False, pick_device=False,
+    )  # fmt: skip
+    argv = result.commands[0].argv
+    assert "--gpus-per-node=2" in argv, argv
+    assert not any(a.startswith(("--gpus-per-task", "--gpu-bind")) for a in argv)
+    seen = [(r.local_rank, r.value["env"]) for r in result.ranks]
+    visible = [len(env["CUDA_VISIBLE_DEVICES"].split(",")) for _, env in seen]
+    assert visible == [2, 2], seen  # every task sees both of the node's GPUs
+    assert [int(env["SLURM_LOCALID"]) for _, env in seen] == [local for local, _ in seen] == [0, 1]
+    devices = [_worker.device_index(local, count) for (local, _), count in zip(seen, visible, strict=True)]
+    assert devices == [0, 1]  # one GPU each, as NVLink P2P needs
 
 
 SBATCH_TEST = """

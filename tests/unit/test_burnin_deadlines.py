@@ -129,3 +129,16 @@ def test_the_burnin_parts_carry_their_deadline_for_the_dry_run():
     assert injected.options["inject_delay_s"] == burnin.INJECTED_DELAY_S
     assert "injected delay" in injected.deadline and "injected delay" not in plain.deadline
     assert plain.timeout_s == pytest.approx(600.0 + 614.0 - 120.0)
+
+
+def test_the_health_job_loads_each_gpu_for_the_profiles_load_duration():
+    """burnin.load_duration reaches the rank (options load_s) and the job's deadline grows by it."""
+    from pytest_gpucluster.profiles.loader import load_profile
+
+    site = settings()
+    part = burnin.health_part(1, site, load_s=3600.0)
+    assert part.options["load_s"] == 3600.0
+    # the work (240 s estimate + the load beyond the 5 s it always had) + 120 s start-up (one node: no allowance)
+    assert part.timeout_s == pytest.approx(240.0 + 3595.0 + 120.0)
+    assert "GPU load" in part.deadline
+    assert load_profile("cpu-local").model.burnin.load_duration == 5.0

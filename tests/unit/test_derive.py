@@ -420,7 +420,7 @@ def test_cli_check_accepts_every_shipped_file(capsys):
     assert out.count("ok    ") == len(files)
     assert "devices.yaml: device table, 12 devices" in out
     assert (
-        "h800-ib.yaml: schema valid; 14 threshold(s) held against the peaks of H800 SXM "
+        "h800-ib.yaml: schema valid; 19 threshold(s) held against the peaks of H800 SXM "
         "(devices.yaml h800-sxm; named exactly)" in out
     )
     assert main(["profiles", "check", *sorted(known_profiles())]) == 0  # by name too

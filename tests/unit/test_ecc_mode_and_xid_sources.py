@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from pytest_gpucluster.checks.burnin.gpu import ecc_mode_of, gpu_checks
-from pytest_gpucluster.checks.burnin.health import counter_increases, xid_readability_checks
+from pytest_gpucluster.checks.burnin.health import counter_increases, xid_readability_checks, xid_warnings
 from pytest_gpucluster.profiles.schema import BurninSection
 from pytest_gpucluster.workloads._xid import NvmlXidListener, kernel_xids, parse_xid_lines
 
@@ -177,15 +177,32 @@ def test_an_xid_on_a_nonzero_pci_domain_is_matched_to_its_gpu():
     ]
 
 
-def test_unreadable_xids_are_a_check_that_does_not_pass():
+def test_unreadable_xids_warn_with_the_fix_and_fail_only_where_the_profile_requires_a_source():
     readable = {"rank": 0, "host": "n1", "xid_events": [], "xid_source": "dmesg"}
-    blind = {"rank": 0, "host": "n2", "skipped": {"xid": "XID events not readable on n2: dmesg: exit 1: ..."}}
+    blind = {
+        "rank": 0,
+        "host": "n2",
+        "user": "ci",
+        "skipped": {"xid": "XID events not readable on n2: dmesg: exit 1: ..."},
+    }
     checks = {c.labels["host"]: c for c in xid_readability_checks([readable, blind], [readable, blind])}
     assert checks["n1"].value == 1.0 and not checks["n1"].failed and "read from dmesg" in checks["n1"].hint
-    assert math.isnan(checks["n2"].value) and checks["n2"].failed and not checks["n2"].measured
+    assert math.isnan(checks["n2"].value) and not checks["n2"].failed and not checks["n2"].measured
     assert checks["n2"].hint.startswith(
         "XID events of n2 could not be checked: XID events not readable on n2"
     )
+    assert (
+        "Fix: sudo usermod -aG adm,systemd-journal ci  (or: sudo sysctl -w kernel.dmesg_restrict=0"
+        in checks["n2"].hint
+    )
+    assert xid_warnings(list(checks.values())) == [checks["n2"].hint]
+    strict = {
+        c.labels["host"]: c
+        for c in xid_readability_checks([readable, blind], [readable, blind], require=True, profile="p")
+    }
+    assert strict["n2"].failed and strict["n2"].problem == "not measured"
+    assert str(strict["n2"].ref) == "profile p: burnin.require_xid_source"
+    assert xid_warnings(list(strict.values())) == []
 
 
 class FakeEvents:

@@ -117,7 +117,9 @@ def test_a_receive_error_that_grew_fails_naming_node_device_port_and_counter(tmp
     assert (suspect.node, suspect.check, suspect.kind) == ("gpu-a17", "fabric", "node")
     assert suspect.reason.startswith("mlx5_0/1: port_rcv_errors +7")
     # the other ports held: one passing row each, so every counted port is in results.json
-    clean = [c for c in verdict.checks if c.labels.get("counter") == "all"]
+    clean = [
+        c for c in verdict.checks if c.labels.get("counter") == "all" and c.metric == "fabric.error_increase"
+    ]
     assert {c.labels["device"] for c in clean} == {"mlx5_1", "mlx5_bond_0"}
     assert verdict.counted == {"gpu-a17": ("mlx5_0/1", "mlx5_1/1", "mlx5_bond_0/1")}
 
@@ -164,15 +166,21 @@ def test_a_counter_that_went_down_counts_what_happened_since(tmp_path):
     assert row.value == 2.0 and "went down from 40 to 2" in row.hint
 
 
-def test_queue_drops_on_an_interface_fail_naming_node_and_interface():
-    """The recorded tc output of this VM: a tbf root qdisc before (0 drops) and after a UDP blast."""
+def test_queue_drops_on_an_interface_fail_naming_node_and_interface_where_the_profile_allows_none():
+    """The recorded tc output of this VM: a tbf root qdisc before (0 drops) and after a UDP blast.
+    Drops are recorded, not gated, by default; an allowance for qdisc_drops gates them."""
     before = node("ns-a", gpc0=netdev("gpc0", tc=TC_BEFORE, tx_bytes=1000), lo=netdev("lo", "unknown"))
     after = node("ns-a", gpc0=netdev("gpc0", tc=TC_AFTER, tx_bytes=5000), lo=netdev("lo", "unknown"))
-    verdict = counter_checks([before], [after], SECTION, "cpu-local", {})
+    recorded = counter_checks([before], [after], SECTION, "cpu-local", {})
+    assert not [c for c in recorded.checks if c.failed] and not recorded.suspects
+    (row,) = [c for c in recorded.checks if c.metric == "fabric.drops"]
+    assert (row.value, row.threshold, row.verdict) == (431383.0, None, "info")
+    gated = FabricSection(allowed_increase={"qdisc_drops": 0})
+    verdict = counter_checks([before], [after], gated, "cpu-local", {})
     (failed,) = [c for c in verdict.checks if c.failed]
     assert failed.labels == {"node": "ns-a", "device": "gpc0", "counter": "qdisc_drops"}
-    assert failed.value > 0
-    assert failed.hint.startswith("node ns-a, interface gpc0: error counter qdisc_drops grew by")
+    assert failed.value > 0 and str(failed.ref) == "profile cpu-local: fabric.allowed_increase.qdisc_drops"
+    assert failed.hint.startswith("node ns-a, interface gpc0: drop counter qdisc_drops grew by")
     assert "tc -s qdisc show dev gpc0" in failed.hint
     traffic = next(c for c in verdict.checks if c.metric == "fabric.traffic")
     assert (traffic.value, traffic.threshold) == (4000.0, None)

@@ -43,7 +43,7 @@ def test_the_real_cpu_local_run_gives_one_finding_for_the_slow_rank():
         ("burnin.cpu_matmul", "vm", "threshold", "rerun")
     ]
     (slow,) = findings
-    assert slow.labels == {"host": "vm", "rank": 0}
+    assert slow.labels == {"host": "vm", "rank": 0} and slow.where() == "vm, rank 0"
     assert slow.source == "profile cpu-local: burnin.min_cpu_matmul"
     assert slow.measured is not None and slow.threshold is not None and slow.measured < slow.threshold
     assert slow.why.startswith("1 of 2 peers missed: too few to single one out")
@@ -81,7 +81,10 @@ def test_a_cluster_wide_value_without_peers_is_a_threshold_finding():
         ]
     )
     assert (f.host, f.reason, f.action) == (None, "threshold", "rerun")
-    assert f.where() == "cluster" and f.source == "a rule of the check (no profile key)"
+    assert (
+        f.where() == "cluster"
+        and f.source == "no profile key recorded (a rule of the check, or a results.json older than schema 2)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -166,7 +169,8 @@ def test_findings_are_ordered_by_rung_and_survive_json():
 def test_the_end_of_a_run_writes_the_findings_to_results_json_and_the_drain_list(tmp_path):
     recorder = Recorder(tmp_path / "results.json", header={"fingerprint": {"hosts": ["node01", "node02"]}})
     recorder.measurements.extend(_gpus(slow=("node01", "3")))
-    write_suspects(tmp_path / SUSPECTS_FILE, [Suspect(node="node01", reason="slow GPU 3", check="health")])
+    slow = Suspect(node="node01", reason="slow GPU 3", check="health", source="acceptance/test_burnin.py::t")
+    write_suspects(tmp_path / SUSPECTS_FILE, [slow])  # its failed value names it already: one finding
     finished = finish_run(recorder, tmp_path, None, 0.05)
     assert finished.summary_args()["finding_lines"] == [
         "FINDINGS (where: what -> reason class; next action): 1",
@@ -190,3 +194,40 @@ def test_a_test_that_ended_not_measured_without_a_recorded_value_is_a_not_measur
     )
     (f,) = findings_of([], [gap])
     assert (f.reason, f.action) == ("not measured", "rerun")
+
+
+def test_stragglers_and_slow_links_named_by_the_burn_in_become_findings_of_their_own():
+    test = "acceptance/test_burnin.py::test_collective_stragglers"
+    count = Check("burnin.rank_collective_lag.stragglers", 2, "ranks", 0, "<=")
+    count = Measurement.of(count, test_id=test, time=0.0)
+    suspects = [
+        Suspect(node="node07", rank=13, reason="rank 13 on node07: 20 ms", check="straggler", source=test),
+        Suspect(
+            node="node02", gpu="GPU 1", kind="gpu", reason="GPU 1: 3x slower", check="straggler", source=test
+        ),
+        Suspect(
+            node="node03", peer="node04", kind="link", reason="pair slow", check="pairwise", source="t::pairs"
+        ),
+    ]
+    found = findings_of([count], [], ["node02", "node03", "node04", "node07"], suspects)
+    assert [(f.host, f.gpu, f.port, f.reason, f.action) for f in found] == [
+        (None, None, "link node03 <-> node04", "hardware", "reseat/replace cable or NIC"),
+        ("node02", "GPU 1", None, "hardware", "reset GPU"),
+        ("node07", None, None, "hardware", "drain node"),
+    ]
+    assert found[2].metric == "burnin.rank_collective_lag.stragglers" and found[2].labels == {"rank": 13}
+    assert found[2].message.startswith("node node07 (rank 13): rank 13 on node07: 20 ms")
+    assert found[0].metric == "burnin.pairwise" and found[0].test_id == "t::pairs"
+
+
+def test_a_failed_job_links_the_job_directory_its_message_names(tmp_path):
+    from pytest_gpucluster.results.render import job_dirs
+
+    message = (
+        f"JobFailed: rank 1 on node07 exited with code 1\njob directory (per-rank logs kept): "
+        f"{tmp_path}/jobs/sft-tiny-zero2-1x2-004738-76c318\n  log: /elsewhere/jobs/nccl-probe-1/rank-1.log"
+    )
+    assert job_dirs(message, tmp_path) == [
+        "jobs/sft-tiny-zero2-1x2-004738-76c318/",
+        "/elsewhere/jobs/nccl-probe-1/",
+    ]

@@ -139,13 +139,24 @@ def test_other_hosts_compare_the_median_over_each_runs_hosts_and_say_so():
     assert compare_runs(old, same, 0.05).changes[0].status == "ok"  # a new allocation alone is no regression
 
 
-def test_same_hosts_but_ranks_moved_falls_back_to_the_median():
-    old = run(per_rank("burnin.cpu_matmul", [100.0, 100.0], ["n1", "n2"]))
-    new = run(per_rank("burnin.cpu_matmul", [100.0, 100.0], ["n2", "n1"]))  # rank 0 now on n2
-    (row,) = compare_runs(old, new, 0.05).changes
-    assert row.basis == "median over hosts" and row.basis_note.startswith(
-        "the runs hold different hosts or ranks"
+def test_same_hosts_but_ranks_moved_are_still_compared_per_host():
+    """A value that names its host is matched by the host, not by its rank (which shifts)."""
+    old = run(per_rank("burnin.cpu_matmul", [100.0, 50.0], ["n1", "n2"]))
+    new = run(per_rank("burnin.cpu_matmul", [50.0, 100.0], ["n2", "n1"]))  # rank 0 now on n2
+    rows = compare_runs(old, new, 0.05).changes
+    assert sorted((r.basis, r.labels["host"], r.old, r.new, r.status) for r in rows) == [
+        ("per host", "n1", 100.0, 100.0, "ok"),
+        ("per host", "n2", 50.0, 50.0, "ok"),
+    ]
+
+
+def test_values_known_only_by_rank_fall_back_to_the_median_when_the_hosts_differ():
+    old = run(
+        [m("burnin.cpu_matmul", 100.0, rank=0), m("burnin.cpu_matmul", 100.0, rank=1)], hosts=("a", "b")
     )
+    new = run([m("burnin.cpu_matmul", 100.0, rank=0), m("burnin.cpu_matmul", 98.0, rank=1)], hosts=("a", "c"))
+    (row,) = compare_runs(old, new, 0.05).changes
+    assert row.basis == "median over hosts" and row.basis_note.startswith("the hosts differ")
     assert row.status == "ok"
 
 

@@ -310,3 +310,21 @@ def test_the_health_jobs_gpu_load_is_sampled_while_it_runs(monkeypatch, tmp_path
     assert under["samples"] >= 5 and (fields["pcie_gen"]["min"], fields["pcie_gen"]["max"]) == (1, 5)
     assert under["counters"]["violation_ns"]["thermal"] > 0 and under["counters"]["energy_mj"] > 0
     assert under["xids"] == [{"xid": 79, "source": "nvml"}] and skipped == {}
+
+
+def test_ceilings_are_judged_on_the_sustained_last_half_of_a_timed_load():
+    """The 13 recorded rows as a 13 s load sampled each second (nvidia-smi -l 1): the 56 C readings
+    are in the first half, so a 55 C ceiling passes on the sustained part; power in the last half
+    still peaks at 83.43 W, which an 83 W ceiling fails. Without times, every sample counts."""
+    rows = recorded_rows()
+    summary = summarize_samples(rows, 13.0, 1.0, times=[float(t) for t in range(len(rows))])
+    assert summary["sustained"]["samples"] == 6 and summary["sustained"]["from_s"] == 6.5
+    value = gpu_value(rows) | {"under_load": summary | {"counters": {}}}
+    got = by_metric(gpu_checks([value], BurninSection(max_temperature=55, max_power=83), "p"))
+    temp, power = got["burnin.gpu_temperature"], got["burnin.gpu_power"]
+    assert temp.value == 55.0 and not temp.failed
+    assert power.value == 83.43 and power.failed
+    assert (
+        "6 samples of the sustained part (from 6.5 s) of the 13.0 s load (burnin.load_duration)" in power.hint
+    )
+    assert got["burnin.gpu_sm_clock_min"].value == 1185.0  # lowest clock of the sustained part

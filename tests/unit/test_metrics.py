@@ -222,3 +222,32 @@ def test_summarize_refuses_empty_and_nan() -> None:
         summarize([])
     with pytest.raises(ValueError, match="NaN"):
         summarize([1.0, math.nan])
+
+
+def test_attention_over_real_tokens_when_flash_attention_skips_the_padding():
+    """The shipped Alpaca sample, tokenized as the SFT workload does, padded to 2048 for Llama 7B:
+    with flash_attention_2 the attention term counts each sequence's real length, so MFU is lower
+    than the padded formula's by the padded attention's share (7.5% of the count at 2048)."""
+    import torch  # noqa: F401  (batches_for_rank builds tensors)
+
+    from pytest_gpucluster.workloads import sft_data
+
+    tokenizer = sft_data.load_tokenizer(None)
+    items = sft_data.tokenize_dataset(sft_data.load_examples(sft_data.DEFAULT_DATASET), tokenizer, 2048)
+    batches = sft_data.batches_for_rank(items, 4, 2048, tokenizer.pad_id, 0, 1, 0, count=8)
+    lengths = [int(n) for b in batches for n in b["attention_mask"].sum(dim=1).tolist()]
+    processed = len(lengths) * 2048
+    padding = 1 - sum(lengths) / processed
+    assert padding > 0.5  # Alpaca's short answers leave most of 2048 positions empty
+    shape = metrics.shape_for("llama-7b")
+    padded, how = metrics.step_model_flops(shape, processed, 2048, lengths, skips_padding=False)
+    real, how_real = metrics.step_model_flops(shape, processed, 2048, lengths, skips_padding=True)
+    assert (how, how_real) == ("padded", "real")
+    assert padded == pytest.approx(processed * shape.flops_per_token(2048))  # the PaLM formula as before
+    attention_share = 12 * 32 * 32 * 128 * 2048 / shape.flops_per_token(2048)
+    assert attention_share == pytest.approx(0.075, abs=0.002)
+    assert real < padded and padded / real - 1 == pytest.approx(
+        (shape.attention_flops([2048] * len(lengths)) - shape.attention_flops(lengths)) / real
+    )
+    assert 0.05 < padded / real - 1 < 0.09  # MFU overstated by this much, relative, with the padded formula
+    assert "flash_attention_2 skips padding" in metrics.MFU_FORMULAS["real"]

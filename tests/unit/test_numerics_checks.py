@@ -252,3 +252,57 @@ def test_on_one_gpu_alone_the_self_test_needs_only_stability_to_name_the_flip() 
     assert v.injected_problem(alone, checks) is None
     unseen = [c for c in checks if c.metric != v.STABILITY]
     assert "named nobody" in (v.injected_problem(alone, unseen) or "")
+
+
+def test_a_median_above_the_parts_dense_peak_is_a_broken_measurement_never_a_pass() -> None:
+    from pytest_gpucluster.plans.numerics import dtype_ceilings
+
+    assert dtype_ceilings(load_profile("cpu-local").model) == {}
+    ceilings = dtype_ceilings(load_profile("h200-spectrumx").model)
+    assert ceilings["fp8"] == (1979e12, "devices.yaml h200-sxm dense_flops.fp8")
+    values = _clean()
+    tiny = {"bf16": (1e9, "a 1 GFLOP/s part"), "fp32": (1e15, "a fast part")}
+    checks = v.throughput_checks(values, {"bf16": v.Floor(1.0, None, "1 FLOP/s")}, tiny)
+    bf16 = [c for c in checks if c.labels["dtype"] == "bf16"]
+    assert [c.problem for c in bf16] == ["broken measurement"] * 2
+    assert all(
+        c.failed and "above the dense bf16 peak 0.001 TFLOP/s (a 1 GFLOP/s part)" in c.hint for c in bf16
+    )
+    assert not any(c.problem for c in checks if c.labels["dtype"] == "fp32")
+
+
+def test_profiles_check_refuses_a_numerics_floor_no_gpu_of_the_part_can_meet() -> None:
+    from pytest_gpucluster.profiles.physics import check_profile
+
+    a100 = load_profile("a100-sxm-80gb").model
+    assert not [f for f in check_profile(a100).errors if f.key[0] == "numerics"]
+    numerics = a100.numerics.model_copy(update={"min_flops": {"bf16": 400e12, "fp8": 100e12, "fp32": 5e12}})
+    errors = {f.key: f.message for f in check_profile(a100.model_copy(update={"numerics": numerics})).errors}
+    assert "above the dense bf16 peak, 312 TFLOP/s" in errors[("numerics", "min_flops", "bf16")]
+    assert "no dense fp8 peak" in errors[("numerics", "min_flops", "fp8")]
+    assert ("numerics", "min_flops", "fp32") not in errors
+
+
+def _shaky(record: dict[str, Any], dtype: str) -> None:
+    """Seed 1 gave two different digests over the runs."""
+    counts = record["dtypes"][dtype]["digests"]["1"]
+    record["dtypes"][dtype]["digests"]["1"] = {**counts, "e" * 32: 1}
+
+
+def test_most_ranks_unstable_alike_is_the_kernel_a_broken_measurement_not_gpus_to_drain() -> None:
+    base = _clean()[0]
+    values = [_as_rank(base, r, f"GPU {r}") for r in range(4)]
+    for record in values[:3]:
+        _shaky(record, "fp32")
+    checks = v.agreement_checks(values)[0] + v.stability_checks(values)
+    bad = [c for c in checks if c.failed]
+    assert bad and all(c.problem == "broken measurement" and c.labels["dtype"] == "fp32" for c in bad)
+    assert "3 of 4 ranks on" in bad[0].hint and "a non-deterministic kernel" in bad[0].hint
+    assert v.suspects(checks) == [] and v.named(checks) == []
+    assert not any(c.failed for c in checks if c.labels["dtype"] == "bf16")
+    # one unstable GPU of four is that GPU
+    values = [_as_rank(base, r, f"GPU {r}") for r in range(4)]
+    _shaky(values[1], "fp32")
+    checks = v.agreement_checks(values)[0] + v.stability_checks(values)
+    assert v.named(checks) == [(base["host"], 1, "GPU 1", "fp32")]
+    assert all(c.problem is None for c in checks)

@@ -129,3 +129,34 @@ def test_an_fp8_kernel_this_torch_lacks_is_skipped_saying_why_but_any_other_fail
     assert done["skipped"] == {"fp8": "RuntimeError: no fp8 kernel for you"}
     with pytest.raises(RuntimeError, match="no bf16 kernel"):
         numerics.run(_ctx(tmp_path, 0, **{**options, "dtypes": ["bf16"]}))
+
+
+def test_a_gpu_rank_names_its_gpu_by_bus_id_and_its_platform_by_part_sms_and_versions(tmp_path: Path) -> None:
+    """The GPU side of the record through a stand-in for torch.cuda (no GPU here): what a GPU's
+    properties turn into, as torch 2.x reports them for an H100 SXM5."""
+    from types import SimpleNamespace
+
+    props = SimpleNamespace(
+        name="NVIDIA H100 80GB HBM3", major=9, minor=0, multi_processor_count=132,
+        pci_bus_id=0x3B, pci_domain_id=0, pci_device_id=0,
+    )  # fmt: skip
+    fake = SimpleNamespace(
+        __version__="2.7.1+cu128",
+        version=SimpleNamespace(cuda="12.8"),
+        cuda=SimpleNamespace(get_device_properties=lambda index: props, current_device=lambda: 3),
+        _C=SimpleNamespace(_cuda_getDriverVersion=lambda: 12080),
+    )
+    ctx = RankContext(
+        rank=3, world_size=8, local_rank=3, local_world_size=8, node_rank=0, host="node7",
+        device="cuda:3", backend="nccl", job_dir=tmp_path,
+    )  # fmt: skip
+    dev = SimpleNamespace(index=3)
+    assert numerics._gpu_label(fake, ctx, dev) == "GPU 3 (00000000:3B:00.0)"
+    info = numerics._platform(fake, ctx, dev)
+    assert info["key"] == "NVIDIA H100 80GB HBM3, 132 SMs, torch 2.7.1+cu128, CUDA 12.8, driver CUDA 12.8"
+    assert info["capability"] == "9.0" and info["sm_count"] == 132
+    del props.pci_bus_id
+    props.uuid = "5a1b"
+    assert numerics._gpu_label(fake, ctx, dev) == "GPU 3 (GPU-5a1b)"
+    fake._C = SimpleNamespace()
+    assert numerics._platform(fake, ctx, dev)["key"].endswith("driver CUDA None")

@@ -2,11 +2,13 @@
 against the interfaces and RDMA ports a node has, ranks against GPUs, the GPU count and part; every
 finding on every node, each naming the node, the variable and what the node has."""
 
+import dataclasses
 import sys
 from pathlib import Path
 
 import pytest
 
+from pytest_gpucluster.cluster.nccl_names import unknown_nccl_names
 from pytest_gpucluster.cluster.node_facts import ClusterFacts, node_facts
 from pytest_gpucluster.cluster.preflight import preflight, selects
 from pytest_gpucluster.profiles.loader import load_profile
@@ -112,3 +114,16 @@ def test_a_cpu_profile_and_a_node_listing_no_gpu_are_not_judged_on_gpus():
     node = _node("vm", "", ETH0_SYSFS)
     assert _run("h200-sxm", [node], {}) == []  # the capability marks say why its GPU tests skip
     assert _run("cpu-local", [node], {"NCCL_SOCKET_IFNAME": "bond0"}) == []  # gloo reads no NCCL_*
+
+
+def test_the_images_nccl_version_is_information_naming_both_releases():
+    node = _node("vm", H200_1GPU_TABLE.read_text(), ETH0_SYSFS)
+    node = dataclasses.replace(node, nccl="2.28.9", env={"NCCL_VERSION": "2.28.3"})
+    [info] = _run("h200-sxm", [node], {}, ranks=1)[1:]
+    assert info.severity == "info" and info.message == (
+        "vm: torch loaded NCCL 2.28.9; the environment's NCCL_VERSION=2.28.3 (set by the container image, not "
+        "read by NCCL) names a different release: the image's libnccl is not the one in use"
+    )
+    same = dataclasses.replace(node, env={"NCCL_VERSION": "2.28.9-1+cuda13.0"})
+    assert "names the same release" in _run("h200-sxm", [same], {}, ranks=1)[-1].message
+    assert unknown_nccl_names({"NCCL_VERSION": "2.28.3", "NCCL_IB_HCAS": "x"})[0].name == "NCCL_IB_HCAS"

@@ -7,13 +7,14 @@ rank takes. The real Slurm (tests/integration/test_slurm.py) and network-namespa
 from __future__ import annotations
 
 import json
+import re
 import types
 from pathlib import Path
 
 import pytest
 
 from pytest_gpucluster.cluster.spec import ClusterSpec
-from pytest_gpucluster.errors import SettingsError
+from pytest_gpucluster.errors import GpuClusterWarning, SettingsError
 from pytest_gpucluster.launch import get_launcher
 from pytest_gpucluster.launch.base import JobSpec, LaunchCommand
 from pytest_gpucluster.launch.deepspeed import DeepSpeedLauncher
@@ -51,13 +52,41 @@ def test_a_cuda_profile_requests_its_gpus_and_never_overcommits():
 
 def test_the_gpu_request_takes_the_form_the_profile_chooses():
     gres = srun_options(SlurmLauncher(device="cuda", gpus_per_node=8, gpu_request="gres"))
-    per_task = srun_options(
-        SlurmLauncher(
+    with pytest.warns(GpuClusterWarning, match="the profile's launch.slurm_gpu_request is gpus-per-task"):
+        launcher = SlurmLauncher(
             mode="tasks", device="cuda", gpus_per_node=8, gpu_request="gpus-per-task", cpus_per_node=96
         )
-    )
+    per_task = srun_options(launcher)
     assert "--gres=gpu:8" in gres and not any(o.startswith("--gpus-per-node") for o in gres)
     assert "--gpus-per-task=1" in per_task and "--cpus-per-task=12" in per_task  # 8 tasks share the node
+
+
+def test_tasks_mode_keeps_nvlink_gpus_per_node_unbound_and_warns_on_per_task_binding(recwarn, monkeypatch):
+    for key in ("SLURM_GPUS_PER_TASK", "SLURM_TRES_PER_TASK", "SLURM_GPU_BIND"):
+        monkeypatch.delenv(key, raising=False)
+    options = srun_options(SlurmLauncher(mode="tasks", device="cuda", gpus_per_node=8))
+    assert "--gpus-per-node=8" in options and not any(
+        o.startswith(("--gpus-per-task", "--gpu-bind")) for o in options
+    )
+    assert not recwarn.list
+    for site in ("--gpus-per-task=1", "--gpu-bind=closest", "--tres-per-task=gres:gpu:1"):
+        with pytest.warns(
+            GpuClusterWarning,
+            match=rf"--launcher-args holds {re.escape(site)}\): each rank sees only its own GPU",
+        ):
+            launcher = SlurmLauncher(mode="tasks", device="cuda", gpus_per_node=8, extra_args=site)
+        assert srun_options(launcher)[-1] == site  # the site's choice runs, warned about
+    # an sbatch --gpus-per-task reaches every srun step through the environment
+    monkeypatch.setenv("SLURM_GPUS_PER_TASK", "1")
+    with pytest.warns(
+        GpuClusterWarning, match="the environment, from sbatch/salloc, holds SLURM_GPUS_PER_TASK=1"
+    ):
+        SlurmLauncher(mode="tasks", device="cuda", gpus_per_node=8)
+
+
+def test_a_rank_takes_its_local_rank_among_the_gpus_it_sees():
+    assert [_worker.device_index(local, 8) for local in range(8)] == list(range(8))
+    assert [_worker.device_index(local, 1) for local in range(4)] == [0, 0, 0, 0]  # one bound GPU each
 
 
 def test_the_sites_own_gpu_request_wins_and_cpu_bind_is_passed():

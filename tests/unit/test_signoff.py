@@ -139,7 +139,7 @@ def test_gpucluster_report_rebuilds_an_old_results_file(tmp_path, capsys):
     assert cli.main(["report", str(tmp_path / "results.json"), "--out", str(tmp_path / "out")]) == 0
     md = (tmp_path / "out" / "report.md").read_text()
     assert "**NOT FIT: 22 passed, 1 below threshold, 21 skipped**" in md
-    assert "| vm | burnin.cpu_matmul | 0.02386 TFLOP/s | >= 0.028 TFLOP/s |" in md
+    assert "| vm, rank 0 | burnin.cpu_matmul | 0.02386 TFLOP/s | >= 0.028 TFLOP/s |" in md
     assert area_of("collectives.all_reduce.busbw", "inter-node").key == "coll_inter"
 
 
@@ -156,3 +156,20 @@ def test_a_fleet_chart_names_the_planted_gpu_and_no_healthy_one(fleet64):
     assert "; " not in matmul.caption.split("outliers: ", 1)[1]  # ±2% noise: no healthy GPU named
     # two SFT cases in one chart: each GPU is judged against its own case, so none stands out
     assert peak.caption.startswith("1024 values (lower is better)") and "outliers" not in peak.caption
+
+
+def test_a_version_1_results_file_still_gives_the_sign_off(tmp_path):
+    data = json.loads(REAL_RUN.read_text())
+    data["schema_version"] = 1
+    for m in data["measurements"]:
+        ref = m.pop("ref", None)
+        m["source"] = f"profile {ref['profile']}" if ref else ""  # version 1: prose, dropped on read
+        m.pop("problem", None)
+    (tmp_path / "results.json").write_text(json.dumps(data))
+    files = write_reports(read_results(tmp_path / "results.json"), tmp_path, charts=False)
+    md = files.markdown.read_text()
+    assert "**NOT FIT: 22 passed, 1 below threshold, 21 skipped**" in md
+    assert (
+        "| vm, rank 0 | burnin.cpu_matmul | 0.02386 TFLOP/s | >= 0.028 TFLOP/s | no profile key recorded"
+        in md
+    )

@@ -2,8 +2,9 @@
 its ECC mode, against the profile's ``burnin:`` section.
 
 - **Benchmarks**: bf16 matmul, device memory copy and host-to-device copy bandwidth.
-- **Under load** (``value["under_load"]``: NVML sampled on a thread during the matmul/copy load,
-  ``workloads/_load_sampler.py``): the hottest temperature and highest power against
+- **Under load** (``value["under_load"]``: NVML sampled on a thread during the matmul/copy load of
+  ``burnin.load_duration``, ``workloads/_load_sampler.py``), judged on the load's sustained part
+  (its last half, where a GPU has heated up): the hottest temperature and highest power against
   ``max_temperature``/``max_power``, the PCIe generation and width the link reached against
   ``min_pcie_gen``/``min_pcie_width`` (an idle GPU drops to Gen1, so only a loaded reading
   means anything), the lowest SM clock (recorded), average power from NVML's energy counter
@@ -100,9 +101,22 @@ def _bench(g: _Gpu) -> None:
             g.add(metric, what, number, unit, ">=", key)
 
 
+def _sustained(load: Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
+    """The samples the ceilings are judged on: the load's last half (``sustained``, where the GPU
+    has heated up) when the sampler timed them, else all of them; and how to say which."""
+    whole = f"{load.get('samples', 0)} samples over the {load.get('duration_s', 0.0):.1f} s load"
+    late = load.get("sustained")
+    if late and late.get("samples"):
+        return late, (
+            f"{late['samples']} samples of the sustained part (from {late.get('from_s', 0.0):.1f} s) of the "
+            f"{load.get('duration_s', 0.0):.1f} s load (burnin.load_duration)"
+        )
+    return load, whole
+
+
 def _under_load(g: _Gpu) -> None:
-    fields = g.load.get("fields") or {}
-    span = f"{g.load.get('samples', 0)} samples over the {g.load.get('duration_s', 0.0):.1f} s load"
+    judged, span = _sustained(g.load)
+    fields = judged.get("fields") or {}
     for metric, what, field, agg, unit, comparison, key in _UNDER_LOAD:
         stats = fields.get(field)
         after = _num(g.nvml.get(field))
@@ -141,11 +155,13 @@ def _under_load(g: _Gpu) -> None:
 
 
 def _throttle(g: _Gpu) -> None:
-    seen: dict[str, int] = dict(g.load.get("reasons") or {})
+    judged, _span = _sustained(g.load)
+    seen: dict[str, int] = dict(judged.get("reasons") or {})
     grown = (g.load.get("counters") or {}).get("violation_ns") or {}
     from_counters = {POLICY_REASONS[p]: ns for p, ns in grown.items() if p in POLICY_REASONS and ns > 0}
     if g.load.get("samples"):
-        said = [f"{r} in {n} of {g.load['samples']} samples" for r, n in sorted(seen.items())]
+        said = [f"{r} in {n} of {judged['samples']} sustained-load samples" if judged is not g.load
+                else f"{r} in {n} of {g.load['samples']} samples" for r, n in sorted(seen.items())]  # fmt: skip
         said += [f"NVML {r} counter +{ns / 1e9:.3g} s" for r, ns in sorted(from_counters.items())]
         active = set(seen) | set(from_counters)
         where = "during the load"

@@ -8,7 +8,9 @@ and into the ECC/XID counter increases between two readings. A check that fails 
 
 XID events that a node's logs do not let the rank read are never taken for "no XID":
 :func:`xid_readability_checks` records, per node, where they were read or why they could not
-be, as a check that does not pass (not measured) in the second case.
+be. A node with no readable source is a warning with the one-line fix (:func:`xid_fix`), not a
+failure — a permission is not a sick node — unless the profile sets ``burnin.require_xid_source``,
+where it fails as not measured.
 
 Pure: no torch, no pytest.
 """
@@ -27,7 +29,10 @@ from pytest_gpucluster.results.model import Check, Comparison, ThresholdRef
 from pytest_gpucluster.results.text import format_value
 
 __all__ = [
+    "CORRECTED",
     "COUNTERS",
+    "STATES",
+    "corrected_checks",
     "counter_increases",
     "cpu_checks",
     "gpu_checks",
@@ -36,7 +41,9 @@ __all__ = [
     "skip_reasons",
     "skip_sentence",
     "suspect_of",
+    "xid_fix",
     "xid_readability_checks",
+    "xid_warnings",
 ]
 
 _EXPECTED = {">=": "at least", "<=": "at most", "==": "exactly"}
@@ -173,13 +180,35 @@ def matmul_samples(values: Sequence[Mapping[str, Any]]) -> tuple[str, list[Sampl
 
 COUNTERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("uncorrected ECC errors (volatile)", ("ecc_uncorrected_volatile",)),
-    ("corrected ECC errors (volatile)", ("ecc_corrected_volatile",)),
     ("uncorrected ECC errors (aggregate)", ("ecc_uncorrected_aggregate",)),
     ("retired pages", ("retired_pages",)),
     ("uncorrectable remapped rows", ("remapped_rows", "uncorrectable")),
+)
+"""ECC policy, gated at zero growth: counters of errors the memory could not correct (NVIDIA's
+GPU Memory Error Management guide: an uncorrectable error is a data corruption, and each one
+retires a page or remaps a row). Any increase during the run fails, naming the GPU."""
+
+STATES: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    (
+        "a row remap is pending",
+        ("remapped_rows", "pending"),
+        "reset the GPU (nvidia-smi -r) so the remap takes effect",
+    ),
+    (
+        "row remapping failed",
+        ("remapped_rows", "failure"),
+        "the bank has no spare row left: the GPU needs replacing (RMA)",
+    ),
+)
+"""ECC policy, gated at zero: states read after the run (NVML ``nvmlDeviceGetRemappedRows``
+``isPending``/``failureOccurred``). Set, the GPU fails whatever it was before the run."""
+
+CORRECTED: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("corrected ECC errors (volatile)", ("ecc_corrected_volatile",)),
     ("correctable remapped rows", ("remapped_rows", "correctable")),
 )
-"""The counters that must not grow during the run: any increase fails, naming the GPU."""
+"""ECC policy, recorded: errors the memory corrected, by design (SECDED). Their growth is recorded
+per GPU and gated only by the profile's optional ``burnin.max_corrected_ecc_per_hour``."""
 
 
 def _gpus(values: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], Mapping[str, Any]]:
@@ -210,8 +239,10 @@ def _xids(values: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, An
 def counter_increases(
     before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]
 ) -> list[Suspect]:
-    """Every GPU whose ECC / retired-page / remapped-row counter grew between the two readings,
-    and every new XID event (matched to its GPU by PCI address), as suspects."""
+    """Every GPU whose uncorrectable ECC / retired-page / uncorrectable remapped-row counter grew
+    between the two readings, or whose row remap is pending or failed after it, and every new XID
+    event (matched to its GPU by PCI address), as suspects. Corrected errors are not here
+    (`corrected_checks`)."""
     suspects: list[Suspect] = []
     old = _gpus(before)
     for key, now in _gpus(after).items():
@@ -220,6 +251,16 @@ def counter_increases(
         if was is None:
             continue
         gpu = (now.get("nvml") or {}).get("gpu") or bus
+        for what, path, action in STATES:
+            state = _num(now.get("nvml") or {}, *path)
+            if state:
+                suspects.append(
+                    Suspect(
+                        node=host, kind="gpu", gpu=gpu, rank=int(now["rank"]), check="counters",
+                        reason=f"{what} after the run: {action}",
+                        evidence={"counter": ".".join(path), "after": state},
+                    )
+                )  # fmt: skip
         for what, path in COUNTERS:
             a, b = _num(was.get("nvml") or {}, *path), _num(now.get("nvml") or {}, *path)
             if a is not None and b is not None and b > a:
@@ -231,44 +272,126 @@ def counter_increases(
                     )
                 )  # fmt: skip
     old_xids = _xids(before)
+    new_by_host: dict[str, list[Mapping[str, Any]]] = {}
     for host, events in _xids(after).items():
-        if host not in old_xids:
-            continue
-        seen = {e.get("line") for e in old_xids[host]}
-        new = [e for e in events if e.get("line") not in seen]
+        if host in old_xids:
+            seen = {e.get("line") for e in old_xids[host]}
+            new_by_host[host] = [e for e in events if e.get("line") not in seen]
+    for host, events in _watched(after).items():
+        new_by_host.setdefault(host, events)  # the kernel log, where readable, says the same
+    for host, new in new_by_host.items():
         gpu_of = {_pci_key(bus): v for (h, bus), v in _gpus(after).items() if h == host}
         for event in new:
             pci = str(event.get("pci", "")).lower()
             match = gpu_of.get(_pci_key(pci))
             gpu = (match.get("nvml") or {}).get("gpu") if match else f"the GPU at PCI {pci}"
+            said = event.get("line") or f"reported by NVML for PCI {pci}"
             suspects.append(
                 Suspect(
                     node=host, kind="gpu", gpu=gpu, check="counters",
-                    reason=f"XID {event.get('xid')} during the run: {event.get('line', '')}",
+                    reason=f"XID {event.get('xid')} during the run: {said}",
                     evidence={"xid": event.get("xid"), "pci": pci},
                 )
             )  # fmt: skip
     return suspects
 
 
-def _xid_state(values: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str | None, str | None]]:
-    """``host -> (source, why)`` from the values of one reading: the node's first rank carries
-    ``xid_source`` with ``xid_events``, or ``skipped["xid"]``."""
-    out: dict[str, tuple[str | None, str | None]] = {}
-    for value in values:
-        host = str(value["host"])
-        if isinstance(value.get("xid_events"), list):
-            out[host] = (str(value.get("xid_source") or "the kernel log"), None)
-        elif (value.get("skipped") or {}).get("xid"):
-            out.setdefault(host, (None, str(value["skipped"]["xid"])))
+def corrected_checks(
+    before: Sequence[Mapping[str, Any]],
+    after: Sequence[Mapping[str, Any]],
+    section: BurninSection,
+    profile: str,
+) -> list[Check]:
+    """Per GPU and corrected counter (:data:`CORRECTED`), its growth over the run: recorded, or
+    judged as a rate per hour against ``burnin.max_corrected_ecc_per_hour`` where the profile sets
+    one (the readings' ``taken_at`` give the hours; without them the rate is not measured)."""
+    ceiling = section.max_corrected_ecc_per_hour
+    ref = _key(profile, "max_corrected_ecc_per_hour") if ceiling is not None else None
+    out: list[Check] = []
+    old = _gpus(before)
+    for key, now in sorted(_gpus(after).items()):
+        host, bus = key
+        was = old.get(key)
+        if was is None:
+            continue
+        gpu = (now.get("nvml") or {}).get("gpu") or bus
+        where = {"host": host, "gpu": gpu, "rank": int(now["rank"])}
+        start, end = _num(was, "taken_at"), _num(now, "taken_at")
+        hours = (end - start) / 3600 if start is not None and end is not None and end > start else None
+        for what, path in CORRECTED:
+            a, b = _num(was.get("nvml") or {}, *path), _num(now.get("nvml") or {}, *path)
+            if a is None or b is None:
+                continue
+            grown = max(b - a, 0.0)
+            labels = {**where, "counter": ".".join(path)}
+            told = f"{gpu} of {host}: {what} {a:g} -> {b:g} over the run"
+            if ceiling is None:
+                out.append(Check("burnin.corrected_ecc", grown, "count", labels=labels,
+                                 hint=f"{told}; corrected by design, recorded (burnin.max_corrected_ecc_per_hour gates a rate)."))  # fmt: skip
+                continue
+            rate = grown / hours if hours else math.nan
+            span = f"{hours * 60:.3g} min" if hours else "an unknown time (the readings carry no taken_at)"
+            out.append(
+                Check("burnin.corrected_ecc_rate", rate, "1/h", ceiling, "<=", ref, labels=labels, baseline_gate=False,
+                      hint=f"{told} in {span}. Many corrected errors are the usual forerunner of uncorrectable ones: "
+                      "watch the GPU, retest it, and drain it if the rate holds.")
+            )  # fmt: skip
     return out
 
 
+def _watched(values: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """``host -> XID events`` of the session-spanning NVML listener (the last reading carries them)."""
+    return {
+        str(v["host"]): list(v["xid_watch_events"])
+        for v in values
+        if isinstance(v.get("xid_watch_events"), list)
+    }
+
+
+def _xid_state(values: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str | None, str | None]]:
+    """``host -> (source, why)`` from the values of one reading: the node's first rank carries
+    ``xid_source`` with ``xid_events`` (the kernel log) or ``xid_watch`` (the session's NVML
+    listener, started by the first reading and read by the last), or why neither could be read."""
+    out: dict[str, tuple[str | None, str | None]] = {}
+    for value in values:
+        host = str(value["host"])
+        skipped = value.get("skipped") or {}
+        if isinstance(value.get("xid_events"), list):
+            out[host] = (str(value.get("xid_source") or "the kernel log"), None)
+        elif value.get("xid_watch"):
+            out[host] = (str(value["xid_watch"]), None)
+        elif skipped.get("xid") or skipped.get("xid_watch"):
+            why = "; ".join(str(skipped[k]) for k in ("xid", "xid_watch") if skipped.get(k))
+            out.setdefault(host, (None, why))
+    return out
+
+
+def xid_fix(user: str | None) -> str:
+    """The one line that lets ``user`` read XID events without root: the kernel log's groups
+    (``journalctl -k`` needs ``systemd-journal`` or ``adm``, ``/var/log/kern.log`` is ``root:adm``)
+    or, for ``dmesg``, the sysctl (Debian, Ubuntu and Fedora kernels set ``kernel.dmesg_restrict=1``)."""
+    who = user or "<the test user>"
+    return (
+        f"sudo usermod -aG adm,systemd-journal {who}  (or: sudo sysctl -w kernel.dmesg_restrict=0; "
+        "or run a DCGM host engine, or install nvidia-ml-py so NVML's XID events are listened to)"
+    )
+
+
+def _user(values: Sequence[Mapping[str, Any]], host: str) -> str | None:
+    return next((str(v["user"]) for v in values if str(v.get("host")) == host and v.get("user")), None)
+
+
 def xid_readability_checks(
-    before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]
+    before: Sequence[Mapping[str, Any]],
+    after: Sequence[Mapping[str, Any]],
+    *,
+    require: bool = False,
+    profile: str = "",
 ) -> list[Check]:
     """Per node, whether both readings could read its XID events: 1 (where from) or, when either
-    could not, a check with no value whose hint says why (not a pass: no XID may have been missed)."""
+    could not, a check with no value whose hint says why and the one-line fix. Recorded (no
+    threshold: the test warns) unless ``require`` (``burnin.require_xid_source``): then it fails
+    as not measured."""
     was, now = _xid_state(before), _xid_state(after)
     out = []
     for host in sorted(set(was) | set(now)):
@@ -276,12 +399,26 @@ def xid_readability_checks(
         why = "; ".join(dict.fromkeys(w for _, w in readings if w))
         if len(readings) < 2 and not why:
             why = f"{host} answered only one of the two readings"
-        value = math.nan if why else 1.0
-        hint = (
-            f"XID events of {host} could not be checked: {why}. Give the test user read access to the kernel log "
-            "(the adm or systemd-journal group, or kernel.dmesg_restrict=0), or run the counters as root."
-            if why
-            else f"XID events of {host} read from {readings[0][0]} before and after the run."
-        )
-        out.append(Check("burnin.xid_readable", value, "bool", 1.0, "==", labels={"host": host}, hint=hint))
+        if not why:
+            sources = " and ".join(dict.fromkeys(s for s, _ in readings if s))
+            hint = f"XID events of {host} read from {sources} before and after the run."
+            out.append(Check("burnin.xid_readable", 1.0, "bool", 1.0, "==", labels={"host": host}, hint=hint))
+            continue
+        fix = xid_fix(_user([*before, *after], host))
+        hint = f"XID events of {host} could not be checked: {why}. Fix: {fix}."
+        if require:
+            ref = ThresholdRef(profile or "profile", ("burnin", "require_xid_source"))
+            out.append(
+                Check(
+                    "burnin.xid_readable", math.nan, "bool", 1.0, "==", ref, labels={"host": host}, hint=hint
+                )
+            )
+        else:
+            out.append(Check("burnin.xid_readable", math.nan, "bool", labels={"host": host}, hint=hint))
     return out
+
+
+def xid_warnings(checks: Sequence[Check]) -> list[str]:
+    """The warning each node whose XIDs went unread gets (the checks of `xid_readability_checks`
+    that record no value and do not fail: ``burnin.require_xid_source`` is off)."""
+    return [c.hint for c in checks if c.metric == "burnin.xid_readable" and not c.measured and not c.failed]

@@ -1,0 +1,74 @@
+"""`gpucluster compare` after a node swap: two 8-node burn-in results (8 GPUs each), node n08
+replaced by n09 (which joins in the middle of the host list, so the ranks of n05..n07 shift), and
+GPU 5 of the unchanged node n03 lost 20% of its bf16 matmul. That GPU is flagged per host; the new
+node is compared with the baseline's median over its hosts; the removed node is listed as missing.
+
+The files are written by the plugin's own Recorder; the per-GPU values are synthetic (this VM has no
+GPU): an H100-class 700 TFLOP/s with a deterministic +-1.5% spread across GPUs and three repeats
++-0.5% each, the shape the health job's matmul has.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pytest_gpucluster.cli import main
+from pytest_gpucluster.results.model import Check, Spread, ThresholdRef
+from pytest_gpucluster.results.recorder import Recorder
+
+PEAK = 700e12
+FLOOR = ThresholdRef("h100-sxm", ("burnin", "min_matmul"))
+
+
+def write_run(path, hosts, slow=None):
+    """One 8-GPU-per-node run: ``slow`` = (host, gpu, factor)."""
+    recorder = Recorder(path, header={"fingerprint": {"hosts": list(hosts)}})
+    recorder.current_test = "acceptance/test_burnin.py::test_gpu_health"
+    checks = []
+    for index, host in enumerate(hosts):
+        node = int(host[1:])
+        for gpu in range(8):
+            value = PEAK * (1 + 0.015 * (((node * 8 + gpu) * 37) % 7 - 3) / 3)
+            if slow and (host, gpu) == slow[:2]:
+                value *= slow[2]
+            repeats = [value * 0.995, value, value * 1.005]
+            checks.append(
+                Check(
+                    "burnin.gpu_matmul", value, "FLOP/s", 400e12, ">=", FLOOR,
+                    labels={"host": host, "rank": index * 8 + gpu, "gpu": f"GPU {gpu}"},
+                    spread=Spread.of(repeats),
+                )
+            )  # fmt: skip
+    recorder.record_checks(checks, test_id=recorder.current_test)
+    return path
+
+
+def test_a_gpu_that_lost_a_fifth_of_its_matmul_on_an_unchanged_node_is_flagged_per_host(tmp_path, capsys):
+    before = [f"n{i:02d}" for i in range(1, 9)]
+    after = ["n01", "n02", "n03", "n04", "n09", "n05", "n06", "n07"]  # n08 out, n09 in, ranks shift
+    old = write_run(tmp_path / "old.json", before)
+    new = write_run(tmp_path / "new.json", after, slow=("n03", 5, 0.8))
+    assert main(["compare", str(old), str(new)]) == 1
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith(("REGRESSION", "ok ", "improved", "info"))]
+    regressions = [line for line in rows if line.startswith("REGRESSION")]
+    assert len(regressions) == 1
+    assert (
+        "burnin.gpu_matmul" in regressions[0]
+        and "host=n03" in regressions[0]
+        and "gpu=GPU 5" in regressions[0]
+    )
+    assert regressions[0].rstrip().endswith("per host")
+    assert "-20.0%" in regressions[0]
+    # 56 GPUs on the 7 unchanged nodes, compared per host (n05..n07 under new ranks); n09's 8 with the fleet
+    assert sum(line.rstrip().endswith("per host") for line in rows) == 56
+    assert sum(line.rstrip().endswith("new host vs baseline median") for line in rows) == 8
+    assert all("host=n09" in line for line in rows if line.rstrip().endswith("new host vs baseline median"))
+    assert "missing from this run (8): burnin.gpu_matmul||gpu=GPU 0,host=n08,rank=56;" in out
+    assert out.count("n09 is not in the baseline") == 1  # one note for the 8 rows it explains
+    assert (
+        "burnin.gpu_matmul (8 rows): n09 is not in the baseline: compared with the baseline's 64 value(s)"
+        in out
+    )
+    assert "compared: the hosts differ; values that name their host are compared per host" in out
+    assert json.loads(new.read_text())["fingerprint"]["hosts"] == after

@@ -1,0 +1,129 @@
+"""The session-spanning NVML XID listener (workloads/xid_watch.py): a real process started by the
+first counters reading and stopped by the last, its protocol through files on the node. There is
+no GPU here: a stand-in ``pynvml`` module on the listener's path answers as NVML's event API does
+(``nvmlEventSetWait`` raises NVMLError_Timeout when nothing is queued) and delivers the XIDs the
+test queues. Then the parent's verdict: the node's XIDs were read without the kernel log (which
+this account may not read), and the XID names its GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from pytest_gpucluster.checks.burnin.health import counter_increases, xid_readability_checks
+from pytest_gpucluster.workloads import xid_watch
+
+REPO = Path(__file__).resolve().parents[2]
+FAKE_PYNVML = """
+import json, os, time
+
+nvmlEventTypeXidCriticalError = 8
+
+
+class NVMLError_Timeout(Exception):
+    pass
+
+
+class _Event:
+    def __init__(self, device, xid):
+        self.device, self.eventData = device, xid
+
+
+def nvmlInit():
+    pass
+
+
+def nvmlDeviceGetCount():
+    return 2
+
+
+def nvmlDeviceGetHandleByIndex(i):
+    return i
+
+
+def nvmlEventSetCreate():
+    return object()
+
+
+def nvmlDeviceRegisterEvents(handle, types, event_set):
+    assert types == nvmlEventTypeXidCriticalError
+
+
+def nvmlEventSetFree(event_set):
+    pass
+
+
+def nvmlDeviceGetPciInfo(device):
+    class Info:
+        busId = ("00000000:1B:00.0", "00000000:3B:00.0")[device].encode()
+    return Info()
+
+
+def nvmlEventSetWait(event_set, timeout_ms):
+    queue = os.environ["FAKE_XID_QUEUE"]
+    if os.path.exists(queue):
+        with open(queue) as f:
+            lines = [l for l in f.read().splitlines() if l.strip()]
+        os.remove(queue)
+        if lines:
+            event = json.loads(lines[0])
+            return _Event(event["device"], event["xid"])
+    time.sleep(timeout_ms / 1000 / 10)
+    raise NVMLError_Timeout("Timeout")
+"""
+
+
+def _env(monkeypatch, tmp_path):
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "pynvml.py").write_text(FAKE_PYNVML)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake), str(REPO)]))
+    monkeypatch.setenv("FAKE_XID_QUEUE", str(tmp_path / "queue.jsonl"))
+    return tmp_path / "queue.jsonl"
+
+
+def test_the_listener_spans_two_readings_and_its_xids_name_the_gpu(tmp_path, monkeypatch):
+    queue = _env(monkeypatch, tmp_path)
+    state = tmp_path / "watch"
+    ok, why = xid_watch.start(state, max_s=60)
+    assert ok, why
+    pid = int((state / "pid").read_text())
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert b"GPUCLUSTER_JOB_ID=xid-watch-watch" in environ  # not the starting job's: its cleanup spares it
+    assert xid_watch.start(state, max_s=60) == (True, "") and int((state / "pid").read_text()) == pid  # kept
+    queue.write_text(json.dumps({"device": 1, "xid": 79}) + "\n")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not (state / "events.jsonl").read_text().strip():
+        time.sleep(0.05)
+    events, why = xid_watch.collect(state)
+    assert why == "" and [(e["xid"], e["pci"]) for e in events] == [(79, "00000000:3B:00.0")]
+    try:
+        os.kill(pid, 0)
+        alive = True
+    except ProcessLookupError:
+        alive = False
+    assert not alive  # the last reading stopped it
+    assert xid_watch.collect(state)[0] is None  # nothing listens any more
+
+    gpu = {"pci_bus_id": "00000000:3B:00.0", "gpu": "GPU 1 (00000000:3B:00.0)"}
+    denied = "XID events not readable on n1: dmesg: exit 1: dmesg: read kernel buffer failed: Operation not permitted"
+    before = [
+        {"host": "n1", "rank": 1, "nvml": gpu, "xid_watch": xid_watch.SOURCE, "skipped": {"xid": denied}}
+    ]
+    after = [{"host": "n1", "rank": 1, "nvml": gpu, "xid_watch": xid_watch.SOURCE, "xid_watch_events": events,
+              "skipped": {"xid": denied}}]  # fmt: skip
+    (readable,) = xid_readability_checks(before, after)
+    assert readable.value == 1.0 and not readable.failed and xid_watch.SOURCE in readable.hint
+    (suspect,) = counter_increases(before, after)
+    assert (suspect.node, suspect.gpu, suspect.evidence["xid"]) == ("n1", "GPU 1 (00000000:3B:00.0)", 79)
+
+
+def test_a_node_without_nvml_says_why_and_the_verdict_falls_back_to_the_logs(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # no pynvml on this machine
+    ok, why = xid_watch.start(tmp_path / "watch", max_s=60, python=sys.executable)
+    assert not ok and "pynvml is not importable" in why and "pip install nvidia-ml-py" in why
+    events, why = xid_watch.collect(tmp_path / "none")
+    assert events is None and "no NVML XID listener was started on this node" in why
