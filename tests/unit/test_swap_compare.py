@@ -72,3 +72,18 @@ def test_a_gpu_that_lost_a_fifth_of_its_matmul_on_an_unchanged_node_is_flagged_p
     )
     assert "compared: the hosts differ; values that name their host are compared per host" in out
     assert json.loads(new.read_text())["fingerprint"]["hosts"] == after
+
+
+def test_the_report_says_which_comparison_each_row_used(tmp_path):
+    from pytest_gpucluster.results.baseline import compare_runs, read_results
+    from pytest_gpucluster.results.report import write_reports
+
+    before = [f"n{i:02d}" for i in range(1, 9)]
+    after = ["n01", "n02", "n03", "n04", "n09", "n05", "n06", "n07"]
+    old = read_results(write_run(tmp_path / "old.json", before))
+    new = read_results(write_run(tmp_path / "new.json", after, slow=("n03", 5, 0.8)))
+    files = write_reports(new, tmp_path / "report", compare_runs(old, new, 0.05))
+    text = files.markdown.read_text()
+    regression = next(line for line in text.splitlines() if "REGRESSION" in line and "host=n03" in line)
+    assert "gpu=GPU 5" in regression and "per host" in regression
+    assert "n09 is not in the baseline" in text
