@@ -16,6 +16,8 @@ import pytest
 from pytest_gpucluster.checks import inventory
 from pytest_gpucluster.results.model import Check, ThresholdRef
 
+pytestmark = pytest.mark.quick  # read from the per-node probe: no job of its own
+
 
 def test_nodes_probed(nodes: Any, results: Any) -> None:
     """Every node's probe rank answered (a node that did not is named with the job's reason)."""
