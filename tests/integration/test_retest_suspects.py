@@ -53,6 +53,8 @@ def test_a_transient_slow_rank_is_retested_and_judged_on_the_retest(tmp_path):
     assert again["attempt"] == 3  # the retest on vm
     record = data["retest"]
     assert record["suspects"] == ["vm"] and record["tests"] == [TEST]
+    assert record["tier"] == "burnin"  # the run's tier is standard: the retest takes the next longer one
+    assert "with the burnin tier's durations (the run's: standard)" in done.stdout
     retested = [m for m in data["measurements"] if m.get("attempt") == 3]
     confirmed = any(m["verdict"] == "fail" and m["labels"].get("host") == "vm" for m in retested)
     assert record["confirmed"] == (["vm"] if confirmed else [])
