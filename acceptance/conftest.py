@@ -10,7 +10,8 @@ test's suspects to it and records its checks. Two rules for them concern the who
   included). (Under pytest-xdist each worker brackets only its own share of the tests.)
 - The slow burn-in parts, marked ``@pytest.mark.burnin(slow=True)`` (the pairwise localization,
   about n/2 + 2 jobs), run only when ``-m`` names burnin: ``pytest acceptance/ -m burnin``. A plain
-  ``pytest acceptance/`` deselects them and says so in the header.
+  ``pytest acceptance/`` deselects them and says so in the header (the plugin does, with the
+  other tier rules: plugin.py, plans/tiers.py).
 - Under a CUDA profile every burn-in test, and every test of a module that sets
   ``NEEDS_CUDA_UNDER_CUDA_PROFILE = True`` (test_numerics.py), needs CUDA on the nodes (``gpucluster(needs=["cuda"])``):
   their jobs take a GPU per rank, and nodes whose torch cannot use one are named in the skip.
@@ -28,11 +29,6 @@ from pytest_gpucluster.results.model import Check
 
 FIRST = ("test_burnin.py::test_counters_before", "test_fabric.py::test_fabric_before")
 LAST = ("test_burnin.py::test_counters_after", "test_fabric.py::test_fabric_after")
-_DESELECTED = pytest.StashKey[int]()
-
-
-def _slow_burnin(item: pytest.Item) -> bool:
-    return any(mark.kwargs.get("slow") for mark in item.iter_markers("burnin"))
 
 
 def _cuda_profile(config: pytest.Config) -> bool:
@@ -50,26 +46,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 module, "NEEDS_CUDA_UNDER_CUDA_PROFILE", False
             ):
                 item.add_marker(pytest.mark.gpucluster(needs=["cuda"]))
-    if "burnin" not in (config.getoption("markexpr", "") or ""):
-        slow = [item for item in items if _slow_burnin(item)]
-        if slow:
-            items[:] = [item for item in items if not _slow_burnin(item)]
-            config.hook.pytest_deselected(items=slow)
-            config.stash[_DESELECTED] = len(slow)
     first = [item for item in items if item.nodeid.endswith(FIRST)]
     last = [item for item in items if item.nodeid.endswith(LAST)]  # str.endswith takes a tuple
     if first or last:
         middle = [item for item in items if item not in first and item not in last]
         items[:] = first + middle + last
-
-
-def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
-    count = config.stash.get(_DESELECTED, 0)
-    if not count:
-        return []
-    return [
-        f"gpucluster: {count} slow burn-in test(s) (pairwise localization) deselected; run them with -m burnin"
-    ]
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ from pytest_gpucluster.fixtures import job_part, run_with_deadline
 from pytest_gpucluster.harness import Part, PartRun
 from pytest_gpucluster.inputs import read_texts
 from pytest_gpucluster.parsers.nccl_log import parse_nccl_log
+from pytest_gpucluster.plan_items import launches
 from pytest_gpucluster.plans import burnin as plans
 from pytest_gpucluster.plans.burnin_deadlines import counters_deadline, pair_deadline
 from pytest_gpucluster.session import GpuClusterSession
@@ -56,7 +58,12 @@ LAG = "time outside the all_reduce per iteration"
 @job_part
 def health_job(session: GpuClusterSession, params: Mapping[str, Any]) -> Part:
     """One health job on every node at once (the intra-node phase of the localization, too)."""
-    load_s = session.profile.model.burnin.load_duration
+    tier = session.tier
+    load_s = (
+        tier.load_s
+        if tier is not None and tier.load_s is not None
+        else session.profile.model.burnin.load_duration
+    )
     return plans.health_part(session.available_nodes, session.settings, load_s)
 
 
@@ -81,6 +88,7 @@ def _backend(session: GpuClusterSession) -> str:
     return str(session.profile.model.cluster.backend)
 
 
+@pytest.mark.quick
 def test_rank_health_cpu(health_job: PartRun, hw: Any, judge: Any, rerun_part: Any) -> None:
     """Each rank's float32 matmul FLOP/s and memory copy bandwidth, against burnin.min_cpu_*
     (with ``--baseline``, a suspected regression runs the health job once more before it fails)."""
@@ -90,6 +98,7 @@ def test_rank_health_cpu(health_job: PartRun, hw: Any, judge: Any, rerun_part: A
     judge(checks, [health.suspect_of(c) for c in checks if c.failed], remeasure=again)
 
 
+@pytest.mark.quick
 def test_gpu_health(health_job: PartRun, hw: Any, judge: Any) -> None:
     """Each GPU's matmul, memory and host-to-device bandwidth and NVML readings."""
     checks = health.gpu_checks(health_job.values, hw.burnin, hw.name)
@@ -113,6 +122,7 @@ def test_health_stragglers(health_job: PartRun, hw: Any, judge: Any) -> None:
     )
 
 
+@pytest.mark.quick
 def test_intra_node_stragglers(health_job: PartRun, hw: Any, judge: Any) -> None:
     """Nodes whose intra-node all_reduce (all nodes at once) is slower than the other nodes'."""
     per_node = health.intra_node_samples(health_job.values)
@@ -173,6 +183,7 @@ def _counters(cluster: Any, session: Any, hw: Any, phase: str) -> list[dict[str,
         nodes=nodes,
         name=f"burnin-counters-{phase}",
         options={"xid_watch": watch},
+        estimate_s=plans.counters_part(nodes, session.settings).estimate_s,
     )
     if not any(v.get("nvml") for v in job.values):
         pytest.skip(
@@ -181,11 +192,25 @@ def _counters(cluster: Any, session: Any, hw: Any, phase: str) -> list[dict[str,
     return job.values
 
 
+def _counters_plan(when: str) -> Any:
+    def planned(session: Any, params: Any) -> list[Any]:
+        if session.profile.model.cluster.device != "cuda":
+            return []  # a CPU profile has no counters to read: the tests skip
+        part = plans.counters_part(session.available_nodes, session.settings)
+        return [replace(part, name=f"{part.name}-{when}")]
+
+    return planned
+
+
+@pytest.mark.quick
+@launches(_counters_plan("before"))
 def test_counters_before(cluster: Any, gpucluster_session: Any, hw: Any, request: Any) -> None:
     """ECC, retired-page, remapped-row counters and XID events before the run (conftest runs this first)."""
     request.config.stash[COUNTERS_BEFORE] = _counters(cluster, gpucluster_session, hw, "before")
 
 
+@pytest.mark.quick
+@launches(_counters_plan("after"))
 def test_counters_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any, request: Any) -> None:
     """The same counters after the run (conftest runs this last): uncorrectable ECC errors, retired
     pages and uncorrectable remapped rows that grew, a pending or failed row remap, and new XIDs
@@ -222,8 +247,16 @@ def test_version_drift(
     judge([peers.version_check(findings, hw.name, hw.versions)], [s for f in findings for s in f.suspects()])
 
 
+def _pairwise_plan(session: Any, params: Any) -> list[Any]:
+    b, backend = session.profile.model.burnin, session.profile.model.cluster.backend
+    return plans.pairwise_parts(
+        session.available_nodes, int(b.pair_size), b.pair_iters, backend, session.settings
+    )
+
+
 @pytest.mark.burnin(slow=True)
 @pytest.mark.gpucluster(needs=["multi-node"])
+@launches(_pairwise_plan)
 def test_pairwise_localization(
     cluster: Any, gpucluster_session: Any, hw: Any, health_job: PartRun, judge: Any
 ) -> None:

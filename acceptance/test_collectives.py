@@ -64,6 +64,8 @@ from pytest_gpucluster.session import GpuClusterSession, get_session
 
 def _marks(case: Case, backend: str) -> list[pytest.MarkDecorator]:
     marks = [pytest.mark.gpucluster(min_nodes=2)] if case.scope == "inter-node" else []
+    if case.collective == "all_reduce" and case.scope == "intra-node":
+        marks.append(pytest.mark.quick)  # the quick tier's short intra-node all_reduce
     return marks + ([pytest.mark.gpucluster(needs=["nccl"])] if backend == "nccl" else [])
 
 
@@ -91,6 +93,7 @@ def collective_sweep(session: GpuClusterSession, params: Mapping[str, Any]) -> P
     return sweep_part(
         case, profile.collectives, session.available_nodes, profile.cluster.backend, env,
         cluster=profile.cluster, ranks_per_node=session.ranks_per_node, settings=session.settings,
+        checked_only=session.tier is not None and session.tier.sweep == "checked",
     )  # fmt: skip
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -33,9 +34,10 @@ from pytest_gpucluster.checks.burnin import dcgm, soak
 from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning, ParseError
 from pytest_gpucluster.fixtures import run_with_deadline
 from pytest_gpucluster.parsers.fabric_ports import FabricSnapshot, parse_snapshot
+from pytest_gpucluster.plan_items import launches
 from pytest_gpucluster.plans import burnin as plans
 from pytest_gpucluster.plans import soak as soak_plan
-from pytest_gpucluster.plans.burnin_deadlines import dcgm_deadline, fabric_deadline
+from pytest_gpucluster.plans.burnin_deadlines import DCGM_STARTUP_S, dcgm_deadline, fabric_deadline
 
 pytestmark = pytest.mark.burnin
 FABRIC_BEFORE = pytest.StashKey[list[FabricSnapshot]]()
@@ -53,6 +55,7 @@ def _read_fabric(cluster: Any, session: Any) -> list[FabricSnapshot]:
         options=plans.fabric_options(),
         name="burnin-fabric",
         init_process_group=False,
+        estimate_s=plans.fabric_part(nodes, session.settings).estimate_s,
     )
     try:
         return [
@@ -70,11 +73,21 @@ def _selection_env(session: Any) -> dict[str, str]:
     return env
 
 
+def _fabric_plan(when: str) -> Any:
+    def planned(session: Any, params: Any) -> list[Any]:
+        part = plans.fabric_part(session.available_nodes, session.settings)
+        return [replace(part, name=f"{part.name}-{when}")]
+
+    return planned
+
+
+@launches(_fabric_plan("before"))
 def test_fabric_before(cluster: Any, gpucluster_session: Any, request: Any) -> None:
     """Every node's ports and interfaces before the run (conftest runs this first)."""
     request.config.stash[FABRIC_BEFORE] = _read_fabric(cluster, gpucluster_session)
 
 
+@launches(_fabric_plan("after"))
 def test_fabric_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any, request: Any) -> None:
     """The same ports after the run (conftest runs this last): error counters that grew fail, naming
     node, device and port."""
@@ -91,13 +104,34 @@ def test_fabric_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any
     judge(list(verdict.checks), verdict.suspects)
 
 
+def _soak_duration(session: Any) -> float | None:
+    tier = session.tier
+    return session.settings.soak or (tier.soak_s if tier is not None else None)
+
+
+def _soak_plan(session: Any, params: Any) -> list[Any]:
+    duration, hw = _soak_duration(session), session.profile.model
+    if duration is None:
+        return []
+    points, _ = soak.runnable(
+        soak.soak_points(hw.collectives), session.available_nodes, session.ranks_per_node
+    )
+    if not points:
+        return []
+    nodes = session.available_nodes
+    deadline = soak_plan.soak_deadline(duration, points, hw.burnin.soak, nodes, session.settings)
+    return [soak_plan.soak_part(duration, points, hw.burnin.soak, nodes, deadline)]
+
+
+@launches(_soak_plan)
 def test_soak(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any) -> None:
     """The gated collectives repeated for --gpucluster-soak: each series' lowest busbw and its
     variation, per node, node pair or group (see the module doc)."""
-    duration = gpucluster_session.settings.soak
+    duration = _soak_duration(gpucluster_session)
     if duration is None:
         pytest.skip(
-            "soak mode is off: pass --gpucluster-soak DURATION (e.g. 10m) to repeat the gated collectives that long"
+            "soak mode is off: pass --gpucluster-soak DURATION (e.g. 10m) to repeat the gated collectives that long, "
+            "or set tiers.burnin.soak in the profile for -m burnin"
         )
     nodes, per_node = gpucluster_session.available_nodes, gpucluster_session.ranks_per_node
     points, why = soak.runnable(soak.soak_points(hw.collectives), nodes, per_node)
@@ -117,6 +151,7 @@ def test_soak(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any) -> Non
         nodes=nodes,
         options=soak_plan.soak_options(points, settings, duration),
         name="burnin-soak",
+        estimate_s=duration + soak_plan.START_UP_S,
     )
     try:
         series = soak.collect(job.values, points)
@@ -126,6 +161,14 @@ def test_soak(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any) -> Non
     judge(checks, suspects)
 
 
+def _dcgm_plan(session: Any, params: Any) -> list[Any]:
+    settings = session.profile.model.burnin.dcgm
+    return [
+        plans.dcgm_part(settings.level, settings.effective_timeout, session.available_nodes, session.settings)
+    ]
+
+
+@launches(_dcgm_plan)
 def test_dcgm_diag(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any) -> None:
     """DCGM's own diagnostics (dcgmi diag -r <level> -j) on every node, each test result per GPU a check."""
     settings, nodes = hw.burnin.dcgm, gpucluster_session.available_nodes
@@ -134,6 +177,7 @@ def test_dcgm_diag(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any) -
         cluster, plans.DCGM, deadline, nodes=nodes, nproc_per_node=1, init_process_group=False,
         pick_device=False,  # no torch, no CUDA context on GPU 0 while DCGM tests it
         name="burnin-dcgm", options=plans.dcgm_options(settings.level, settings.effective_timeout),
+        estimate_s=plans.DCGM_LEVEL_ESTIMATE_S[settings.level] + DCGM_STARTUP_S,
     )  # fmt: skip
     found = dcgm.node_reports(job.values)
     if not found.reports and not found.broken:

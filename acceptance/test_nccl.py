@@ -38,11 +38,12 @@ from pytest_gpucluster.errors import GpuClusterError
 from pytest_gpucluster.fixtures import job_part
 from pytest_gpucluster.harness import Part, PartRun
 from pytest_gpucluster.inputs import read_texts
-from pytest_gpucluster.plans.burnin_deadlines import work_deadline
+from pytest_gpucluster.plans.burnin_deadlines import STARTUP_S, work_deadline
 from pytest_gpucluster.session import GpuClusterSession, get_session
 from pytest_gpucluster.workloads.nccl_probe import DEBUG_ENV
 
 PROBE = "pytest_gpucluster.workloads.nccl_probe:probe"
+pytestmark = pytest.mark.quick  # NCCL init: in the quick tier on one node (nccl_probe)
 PROBE_TIMEOUT_S = 300.0
 """The fixed timeout the probe had; its derived deadline is never shorter."""
 PROBE_WORK_S = 60.0
@@ -84,6 +85,9 @@ def nccl_probe(session: GpuClusterSession, params: Mapping[str, Any]) -> Part | 
     if params.get("nccl_source") != "launched":
         return None
     nodes = max(1, min(session.profile.model.cluster.nodes, session.available_nodes))
+    if session.tier is not None and session.tier.tier == "quick":
+        nodes = 1  # the quick tier sends nothing between nodes: NCCL's start on one node
+
     # Its work, at least the 300 s it had, plus the rendezvous allowance for its nodes (as sweeps)
     deadline = work_deadline(
         PROBE_WORK_S, "an NCCL init and one short all_reduce", PROBE_TIMEOUT_S, nodes, session.settings
@@ -91,6 +95,7 @@ def nccl_probe(session: GpuClusterSession, params: Mapping[str, Any]) -> Part | 
     return Part(
         "nccl-probe", PROBE, {"timeout_s": deadline.seconds}, nodes=nodes, env=DEBUG_ENV,
         timeout_s=deadline.seconds, deadline=deadline.text,
+        estimate_s=PROBE_WORK_S + STARTUP_S, startup_s=STARTUP_S,
         init_process_group=False,  # the probe sets NCCL_DEBUG_FILE before NCCL starts
     )  # fmt: skip
 

@@ -44,8 +44,14 @@ NEEDS_CUDA_UNDER_CUDA_PROFILE = True
 
 @job_part
 def numerics_job(session: GpuClusterSession, params: Mapping[str, Any]) -> Part:
-    """The numerics chain on every rank of every node."""
-    return numerics_part(session.profile.model, session.available_nodes, session.settings)
+    """The numerics chain on every rank of every node, for the run's tier's ``numerics`` duration
+    where the profile's ``tiers:`` sets one (plans/tiers.py)."""
+    model, tier = session.profile.model, session.tier
+    if tier is not None and tier.numerics_s is not None:
+        model = model.model_copy(
+            update={"numerics": model.numerics.model_copy(update={"duration": tier.numerics_s})}
+        )
+    return numerics_part(model, session.available_nodes, session.settings)
 
 
 @job_part

@@ -88,6 +88,7 @@ def shm_vs_gloo_run(session: GpuClusterSession, params: Mapping[str, Any]) -> Pa
     return plans.shm_vs_gloo_part(profile, session.settings) if wanted else None
 
 
+@pytest.mark.quick
 @pytest.mark.gpucluster(needs=["nvlink"])
 def test_topology(hw: Any, inventory: PartRun, results: Any) -> None:
     """Every GPU pair on every node is linked as ``nvlink.topology`` says."""
@@ -95,6 +96,7 @@ def test_topology(hw: Any, inventory: PartRun, results: Any) -> None:
     results.check_all(checks.topology_checks(hw, inventory.values))
 
 
+@pytest.mark.quick
 @pytest.mark.gpucluster(needs=["nvlink"])
 def test_links_up(hw: Any, inventory: PartRun, results: Any) -> None:
     """Each GPU has ``links_per_gpu`` links up, none slower than ``min_link_speed``."""

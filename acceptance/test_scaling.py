@@ -63,7 +63,9 @@ def _count_part(session: GpuClusterSession, params: Mapping[str, Any], end: str)
     _, case = find_case(profile, profile.scaling.case)
     nodes = scaling_nodes(profile, count)
     deadline = sft_deadline(case, profile, nodes=nodes, settings=session.settings)
-    return scaling_part(profile, count, session.ranks_per_node, deadline.seconds, deadline.text)
+    return scaling_part(
+        profile, count, session.ranks_per_node, deadline.seconds, deadline.text, deadline.estimate_s
+    )
 
 
 @job_part

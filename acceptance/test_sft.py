@@ -109,6 +109,7 @@ def sft_run(session: GpuClusterSession, params: Mapping[str, Any]) -> Part | Non
         nproc_per_node=nproc,
         timeout_s=deadline.seconds,
         deadline=deadline.text,
+        estimate_s=deadline.estimate_s,
     )
 
 

@@ -11,7 +11,8 @@ Each round runs two separate jobs, one after the other, the order alternating ev
   ZeRO stage, precision, micro-batch, accumulation and sequence length.
 
 Same work: both train a Llama of the same shape (the script stops if the parameter counts
-differ) on sequences padded to the same length, build their batches before the clock, start
+differ): the case's own, passed to the reference as ``LlamaConfig`` arguments (``--model-config``),
+with the case's attention implementation and gradient checkpointing, on sequences padded to the same length, build their batches before the clock, start
 the timed steps together and time whole optimizer steps. Same end: both leave through
 ``os._exit`` after destroying the engine and the process group and flushing — the harness's
 worker cannot end otherwise (ZeRO on gloo aborts at interpreter exit in about one run in six,
@@ -29,6 +30,12 @@ next line its 95% CI (order statistics; ``ratio_stats``). Rounds go on until tha
 +-2%, ``--max-rounds``, or the ``--max-seconds`` budget. Target: at most 1.05.
 
     python benchmarks/sft_overhead.py [--hw cpu-local] [--case tiny-zero2] [--steps 20] [--nproc 2]
+
+On a GPU node, the case's shape (``--model``/``--layers``/``--micro-batch``/``--seq-len`` override
+it; the real H200 run was Llama-2-7B cut to 4 layers, micro-batch 8 x 2,048 tokens, 1 GPU)::
+
+    python benchmarks/sft_overhead.py --hw h200-spectrumx --case llama2-7b-2node --layers 4 \
+        --grad-accum 1 --attn-implementation sdpa --nproc 1 --rank-sched none
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from sides import RANK_SCHED_CHOICES, REFERENCE_DIR, REPO, local_cluster, rank_s
 
 sys.path.insert(0, str(REPO))
 
+from pytest_gpucluster.maths.shapes import get_shape
 from pytest_gpucluster.plans.sft import SFT_WORKLOAD, workload_options
 from pytest_gpucluster.profiles.loader import load_profile
 
@@ -72,6 +80,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="quiet",
         help="how both sides' ranks are scheduled (sides.rank_sched; default quiet)",
     )
+    parser.add_argument("--model", default=None, help="a named shape instead of the case's (llama2-7b, ...)")
+    parser.add_argument("--layers", type=int, default=None, help="cut the shape to this many layers")
+    parser.add_argument("--micro-batch", type=int, default=None, help="instead of the case's")
+    parser.add_argument("--grad-accum", type=int, default=None, help="instead of the case's")
+    parser.add_argument("--seq-len", type=int, default=None, help="instead of the case's")
+    parser.add_argument(
+        "--attn-implementation",
+        default=None,
+        choices=("eager", "sdpa", "flash_attention_2"),
+        help="instead of the case's",
+    )
     parser.add_argument("--tolerance", type=float, default=0.02)
     parser.add_argument("--min-rounds", type=int, default=6)
     parser.add_argument("--max-rounds", type=int, default=30)
@@ -89,15 +108,16 @@ def harness_options(args: argparse.Namespace) -> tuple[dict[str, Any], str, str,
         raise SystemExit(f"profile {args.hw} has no SFT case {args.case!r}; its cases: {names}")
     case = cases[0]
     options = {**workload_options(case, profile.cluster), "steps": args.steps, "warmup_steps": args.warmup}
-    unmirrored = {
-        "model": options.get("model") != "tiny",
-        "offload": bool(options.get("offload")),
-        "gradient_checkpointing": bool(options.get("gradient_checkpointing")),
-    }
-    if any(unmirrored.values()):
+    overrides = {
+        "model": args.model, "layers": args.layers, "micro_batch": args.micro_batch,
+        "grad_accum": args.grad_accum, "seq_len": args.seq_len, "attn_implementation": args.attn_implementation,
+    }  # fmt: skip
+    options |= {k: v for k, v in overrides.items() if v is not None}
+    if "model" not in options or options.get("offload"):
+        why = "a local checkpoint (model_path)" if "model" not in options else "optimizer offload"
         raise SystemExit(
-            f"case {case.name} of {args.hw} sets {', '.join(k for k, v in unmirrored.items() if v)}; the"
-            " reference trains its own tiny Llama without offload or checkpointing: pick a case that does too"
+            f"case {case.name} of {args.hw} uses {why}; the reference trains a random-weight Llama of a named"
+            " shape without offload: pick a case that does too, or --model NAME"
         )
     nproc = args.nproc or case.ranks_per_node or profile.cluster.ranks_per_node or 2
     return options, case.name, profile.cluster.backend, nproc
@@ -119,9 +139,26 @@ class Harness:
         return {KEY: max(statistics.median(v["step_times_s"]) for v in values)}
 
 
+def reference_model_config(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``LlamaConfig`` arguments of the harness's model (`workloads.sft_model.llama_config`'s),
+    for the reference, which imports nothing from this package."""
+    shape = get_shape(str(options["model"]))
+    if options.get("layers"):
+        shape = shape.with_layers(int(options["layers"]))
+    d = shape.dims
+    return {
+        "vocab_size": d.vocab, "hidden_size": d.hidden, "intermediate_size": d.intermediate,
+        "num_hidden_layers": d.layers, "num_attention_heads": d.heads, "num_key_value_heads": d.kv_heads,
+        "max_position_embeddings": d.seq_len, "rms_norm_eps": shape.rms_norm_eps, "rope_theta": shape.rope_theta,
+        "tie_word_embeddings": d.tied_embeddings,
+    }  # fmt: skip
+
+
 class Reference:
     def __init__(self, options: dict[str, Any], backend: str, nproc: int, work_dir: Path) -> None:
         self.out, self.nproc = work_dir / "reference.json", nproc
+        config = work_dir / "model_config.json"
+        config.write_text(json.dumps(reference_model_config(options)))
         precision = options.get("precision", "auto")
         if precision == "auto":
             precision = "bf16" if backend == "nccl" else "fp32"
@@ -130,8 +167,11 @@ class Reference:
             "--zero-stage", str(options["zero_stage"]), "--precision", precision,
             "--micro-batch", str(options["micro_batch"]), "--grad-accum", str(options["grad_accum"]),
             "--seq-len", str(options["seq_len"]), "--steps", str(options["steps"]),
-            "--warmup", str(options["warmup_steps"]), "--backend", backend,
+            "--warmup", str(options["warmup_steps"]), "--backend", backend, "--model-config", str(config),
+            "--attn-implementation", str(options.get("attn_implementation", "sdpa")),
         ]  # fmt: skip
+        if options.get("gradient_checkpointing"):
+            self.argv.append("--gradient-checkpointing")
         self.params: set[int] = set()
         self.cpu: list[float] = []
 
@@ -164,8 +204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with sched as sched_line, tempfile.TemporaryDirectory(prefix="sft-overhead-") as tmp:
         harness = Harness(options, backend, nproc, Path(tmp) / "jobs")
         reference = Reference(options, backend, nproc, Path(tmp))
+        cut = f" cut to {options['layers']} layers" if options.get("layers") else ""
         print(
-            f"SFT step time, case {case} of {args.hw} (ZeRO-{options['zero_stage']}, micro-batch"
+            f"SFT step time, case {case} of {args.hw} ({options['model']}{cut}, ZeRO-{options['zero_stage']}, micro-batch"
             f" {options['micro_batch']} x accum {options['grad_accum']} x seq {options['seq_len']}), {nproc}"
             f" {backend} ranks, {args.warmup} + {args.steps} steps per job; harness = cluster.run({SFT_WORKLOAD}),"
             f" reference = {REFERENCE.name} by plain torchrun",

@@ -1,15 +1,19 @@
-"""How much of ``pytest acceptance/`` is the harness: the suite's wall time over its workloads' own time.
+"""How much of ``pytest acceptance/`` is the harness, and what the quick tier costs beside the default run.
 
 Runs ``pytest acceptance/`` (extra arguments are passed on, e.g. ``--hw=cpu-local``) ``--runs`` times
-in a fresh results directory each, and reads back every job it launched: a job's workload time is
+in a fresh results directory each; with ``--tiers``, each round runs the default suite and then
+``-m quick`` side by side (same load, same round), and the quick tier's suite time over the default's
+is printed per round and as a median (the quick tier's promise: at most a third). It reads back every
+job it launched: a job's workload time is
 rank 0's time inside the workload (``rank-0.json``: started to finished), and for a job carrying
 several parts (``workloads/bundle.py``) the sum of rank 0's time in each part — start-up (the
 launcher's agent, imports, rendezvous) is what the ratio charges to the harness. The 1-minute load
 average before and after each run is printed: on a shared machine the suite's time follows it.
 
-    python benchmarks/suite_time.py [--runs 3] [-- pytest arguments]
+    python benchmarks/suite_time.py [--runs 3] [--tiers] [-- pytest arguments]
 
-The last line holds the word ``ratio`` and ends with the median ratio (1.0 would mean no overhead).
+The ratio lines hold the word ``ratio`` and end with the median ratio: suite time over workload time
+(1.0 would mean no overhead) and, with ``--tiers``, quick suite time over default suite time.
 """
 
 from __future__ import annotations
@@ -47,7 +51,18 @@ def workload_seconds(job_dir: Path) -> tuple[float, str]:
 def one_run(pytest_args: list[str]) -> tuple[float, float, list[tuple[str, float, str]], str]:
     with tempfile.TemporaryDirectory(prefix="gpucluster-suite-") as tmp:
         results = Path(tmp) / "results"
-        argv = [sys.executable, "-m", "pytest", "acceptance/", "-q", "-p", "no:cacheprovider"]
+        # --confcutdir: the suite as its users run it, without this repository's own test conftest
+        # (which imports torch, matplotlib and hypothesis for pytester's sake: seconds per run).
+        argv = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "acceptance/",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--confcutdir=acceptance",
+        ]
         argv += [f"--results-dir={results}", *pytest_args]
         start = time.perf_counter()
         done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True)
@@ -60,28 +75,46 @@ def one_run(pytest_args: list[str]) -> tuple[float, float, list[tuple[str, float
         return wall, sum(s for _, s, _ in jobs), jobs, tail[0]
 
 
+def _run_and_report(label: str, pytest_args: list[str]) -> tuple[float, float]:
+    """One suite run: its jobs and one summary line; returns (suite wall time, harness ratio)."""
+    before = os.getloadavg()[0]
+    wall, work, jobs, verdict = one_run(pytest_args)
+    after = os.getloadavg()[0]
+    for name, seconds, what in jobs:
+        print(f"  {name}: {seconds:.1f} s in {what}")
+    ratio = wall / work if work > 0 else float("inf")
+    print(
+        f"{label}: suite {wall:.1f} s, workloads {work:.1f} s in {len(jobs)} job(s), ratio {ratio:.2f}; "
+        f"load average {before:.1f} -> {after:.1f}; pytest said: {verdict}",
+        flush=True,
+    )
+    return wall, ratio
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--tiers", action="store_true", help="each round also runs -m quick beside the default suite"
+    )
     parser.add_argument("pytest_args", nargs="*", help="passed to pytest (put them after --)")
     args = parser.parse_args()
-    ratios, walls = [], []
+    ratios, walls, quick_walls, tier_ratios = [], [], [], []
     for run in range(1, args.runs + 1):
-        before = os.getloadavg()[0]
-        wall, work, jobs, verdict = one_run(args.pytest_args)
-        after = os.getloadavg()[0]
-        for name, seconds, what in jobs:
-            print(f"  {name}: {seconds:.1f} s in {what}")
-        ratio = wall / work if work > 0 else float("inf")
+        wall, ratio = _run_and_report(f"run {run} default", args.pytest_args)
         ratios.append(ratio)
         walls.append(wall)
-        print(
-            f"run {run}: suite {wall:.1f} s, workloads {work:.1f} s in {len(jobs)} job(s), ratio {ratio:.2f}; "
-            f"load average {before:.1f} -> {after:.1f}; pytest said: {verdict}",
-            flush=True,
-        )
+        if args.tiers:
+            quick, _ = _run_and_report(f"run {run} -m quick", [*args.pytest_args, "-m", "quick"])
+            quick_walls.append(quick)
+            tier_ratios.append(quick / wall)
+            print(f"run {run}: quick / default suite time ratio {quick / wall:.3f}", flush=True)
     print(f"median suite time over {args.runs} run(s): {statistics.median(walls):.1f} s")
+    if args.tiers:
+        print(f"median quick-tier suite time over {args.runs} run(s): {statistics.median(quick_walls):.1f} s")
     print(f"suite time / workload time, median ratio: {statistics.median(ratios):.3f}")
+    if args.tiers:
+        print(f"quick tier / default suite time, median ratio: {statistics.median(tier_ratios):.3f}")
 
 
 if __name__ == "__main__":

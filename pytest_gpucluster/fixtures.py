@@ -9,6 +9,7 @@ rank-side tests lives with the rank-test machinery (rank_tests.py).
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -17,7 +18,7 @@ import pytest
 
 from pytest_gpucluster.cluster.node_facts import ClusterFacts
 from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning, JobFailed
-from pytest_gpucluster.harness import Part, PartRun, SharedJobs
+from pytest_gpucluster.harness import Part, PartRun, SharedJobs, job_timing
 from pytest_gpucluster.plans.deadlines import Deadline
 from pytest_gpucluster.profiles.detect import MachineInfo
 from pytest_gpucluster.profiles.schema import ProfileModel
@@ -63,12 +64,14 @@ def nodes(gpucluster_session: GpuClusterSession) -> ClusterFacts:
 
 
 class DryRunCluster:
-    """Stands in for the cluster under ``--gpucluster-dry-run``: prints each job's commands per
-    host, launches nothing, and skips the test at its first launch."""
+    """Stands in for the cluster under ``--gpucluster-dry-run``: launches nothing and skips the
+    test at its first launch; with ``-v``, prints each job's commands per host (its environment
+    included) and each self-launched job's deadline first."""
 
-    def __init__(self, cluster: Any, write: Any) -> None:
+    def __init__(self, cluster: Any, write: Any, verbose: bool = False) -> None:
         self._cluster = cluster
         self._write = write
+        self.verbose = verbose
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._cluster, name)
@@ -76,25 +79,59 @@ class DryRunCluster:
     def run(self, workload: Any, **kwargs: Any) -> Any:
         kwargs.pop("init_process_group", None)
         kwargs.pop("pick_device", None)
-        for command in self._cluster.commands_for(workload, **kwargs):
-            self._write(f"[dry run] {command.host}: {command.shell_line()}")
-        pytest.skip("--gpucluster-dry-run: commands printed, nothing launched")
+        if self.verbose:
+            for command in self._cluster.commands_for(workload, **kwargs):
+                self._write(f"[dry run] {command.host}: {command.shell_line()}")
+        pytest.skip("--gpucluster-dry-run: nothing launched (-v prints the commands)")
 
     def show_deadline(self, name: str, nodes: int, nproc_per_node: int | None, deadline: Deadline) -> None:
-        """The plan's line for a job its test launches itself (not a shared part)."""
-        ranks = nproc_per_node or self._cluster.spec.nproc_per_node
-        self._write(f"[dry run] plan: {name}: {nodes} node(s) x {ranks} rank(s), {deadline.text}")
+        """The plan's line for a job its test launches itself (not a shared part), with -v."""
+        if self.verbose:
+            ranks = nproc_per_node or self._cluster.spec.nproc_per_node
+            self._write(f"[dry run] plan: {name}: {nodes} node(s) x {ranks} rank(s), {deadline.text}")
 
 
 def run_with_deadline(cluster: Any, workload: str, deadline: Deadline, **kwargs: Any) -> Any:
     """``cluster.run(workload, timeout=deadline.seconds, **kwargs)`` for a job a test launches
-    itself; a dry run first prints its deadline and where it comes from, as the plan does for the
-    shared parts (``kwargs`` must name the job: ``name=``, and its ``nodes=`` count)."""
+    itself; a dry run first prints its deadline and where it comes from (with -v), as the plan does
+    for the shared parts (``kwargs`` must name the job: ``name=``, and its ``nodes=`` count). The
+    job's time goes to results.json's ``jobs`` beside its estimate (``estimate_s=``, if given)."""
+    estimate_s = kwargs.pop("estimate_s", None)
+    name, nodes = kwargs.get("name") or workload, kwargs.get("nodes")
+    count = len(nodes) if isinstance(nodes, (list, tuple)) else int(nodes or 1)
     if isinstance(cluster, DryRunCluster):
-        name, nodes = kwargs.get("name") or workload, kwargs.get("nodes")
-        count = len(nodes) if isinstance(nodes, (list, tuple)) else int(nodes or 1)
         cluster.show_deadline(name, count, kwargs.get("nproc_per_node"), deadline)
-    return cluster.run(workload, timeout=deadline.seconds, **kwargs)
+        return cluster.run(workload, timeout=deadline.seconds, **kwargs)
+    part = Part(str(name), workload, nodes=count, timeout_s=deadline.seconds, estimate_s=estimate_s)
+    started = time.monotonic()
+    try:
+        job = cluster.run(workload, timeout=deadline.seconds, **kwargs)
+    except JobFailed as exc:
+        _record_job(
+            job_timing([part], time.monotonic() - started, getattr(exc.result, "job_id", None), "failed")
+        )
+        raise
+    _record_job(job_timing([part], time.monotonic() - started, getattr(job, "job_id", None), "ok"))
+    return job
+
+
+_JOB_LOG: list[Callable[[dict[str, Any]], None]] = []
+"""Where job timings go: the session's results.json (`record_jobs_in`)."""
+
+
+def record_jobs_in(session: GpuClusterSession) -> Callable[[dict[str, Any]], None]:
+    """A callback appending one job's timing to the session's results.json header (``jobs``)."""
+
+    def record(entry: dict[str, Any]) -> None:
+        session.recorder.header.setdefault("jobs", []).append(entry)
+
+    _JOB_LOG[:] = [record]
+    return record
+
+
+def _record_job(entry: dict[str, Any]) -> None:
+    for record in _JOB_LOG:
+        record(entry)
 
 
 @pytest.fixture(scope="session")
@@ -105,7 +142,8 @@ def cluster(gpucluster_session: GpuClusterSession, request: pytest.FixtureReques
     except GpuClusterError as exc:
         pytest.fail(f"cannot build the cluster: {exc}", pytrace=False)
     if gpucluster_session.settings.dry_run:
-        return DryRunCluster(handle, gpucluster_session.progress or print)
+        verbose = request.config.get_verbosity() > 0
+        return DryRunCluster(handle, gpucluster_session.progress or print, verbose)
     return handle
 
 
@@ -196,31 +234,6 @@ def _planned(
     return found
 
 
-def dry_run_plan(items: list[pytest.Item], session: GpuClusterSession) -> list[str]:
-    """``--gpucluster-dry-run``: one line per distinct job part the selected tests would run, with
-    its nodes, ranks and job timeout, where that timeout comes from and the run time it was set
-    against (`plans.deadlines`); then the tests whose part could not be planned, and why."""
-    lines, seen, errors = [], set(), []
-    for part in _planned(items, session, errors):
-        if part.key in seen:
-            continue
-        seen.add(part.key)
-        ranks = part.nproc_per_node or session.ranks_per_node
-        deadline = part.deadline or f"job timeout {part.timeout_s:g} s (fixed by its test; no estimate)"
-        lines.append(f"[dry run] plan: {part.name}: {part.nodes} node(s) x {ranks} rank(s), {deadline}")
-    if lines:
-        lines.append(
-            "[dry run] plan: parts of the same nodes x ranks and environment run in one job, "
-            "whose timeout is the sum of theirs"
-        )
-    else:
-        lines.append(
-            "[dry run] plan: no job: the selected tests launch nothing here, or skip for what the session lacks (-rs)"
-        )
-    lines += [f"[dry run] plan: cannot plan {error}" for error in errors]
-    return lines
-
-
 def _upcoming(pytest_session: pytest.Session, session: GpuClusterSession) -> Callable[[], list[Part]]:
     """The parts of the selected tests from the running one on, except tests that will skip for
     what the session lacks: what a job launched now may run for them too."""
@@ -247,7 +260,8 @@ def shared_jobs(
 ) -> SharedJobs:
     """The session's `harness.SharedJobs`: each part run once, parts that launch alike in one job,
     every job with the session's NCCL environment (``nccl_env``, which warns on names NCCL ignores)."""
-    return SharedJobs(cluster, _upcoming(request.session, gpucluster_session), nccl_env)
+    upcoming = _upcoming(request.session, gpucluster_session)
+    return SharedJobs(cluster, upcoming, nccl_env, on_job=record_jobs_in(gpucluster_session))
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ the session's cluster.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,7 +33,7 @@ from typing import Any
 from pytest_gpucluster.errors import GpuClusterError, JobFailed, JobSkipped
 from pytest_gpucluster.workloads.bundle import part_path
 
-__all__ = ["BUNDLE_WORKLOAD", "Part", "PartRun", "SharedJobs"]
+__all__ = ["BUNDLE_WORKLOAD", "Part", "PartRun", "SharedJobs", "job_timing"]
 
 BUNDLE_WORKLOAD = "pytest_gpucluster.workloads.bundle:run_parts"
 
@@ -59,6 +60,11 @@ class Part:
     measures_memory: bool = False
     """It reports its process's peak memory: in a shared job it runs before the parts that do not,
     since a peak can only be reset to what the process holds when the part starts."""
+    estimate_s: float | None = None
+    """How long a healthy run of it alone takes, start-up included (`plans.deadlines`); None: not
+    estimated. The dry run's table and total, the budget and results.json's job times use it."""
+    startup_s: float = 0.0
+    """How much of ``estimate_s`` is start-up, which parts sharing a job pay once."""
 
     @property
     def key(self) -> str:
@@ -100,11 +106,14 @@ class SharedJobs:
         cluster: Any,
         upcoming: Callable[[], Iterable[Part]] = tuple,
         env: Mapping[str, str] | None = None,
+        on_job: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.cluster = cluster
         self.upcoming = upcoming
         self.env = dict(env or {})
         """Every job's environment (the session's NCCL variables), under each part's own."""
+        self.on_job = on_job
+        """Told of every job once it ended: its parts, estimate, deadline and the time it took."""
         self._done: dict[str, Outcome] = {}
 
     def run(self, part: Part, test_id: str) -> PartRun:
@@ -158,6 +167,7 @@ class SharedJobs:
             self._done[parts[0].key] = self._run_alone(parts[0], test_id)
             return
         first = parts[0]
+        started = time.monotonic()
         try:
             job = self.cluster.run(
                 BUNDLE_WORKLOAD,
@@ -171,11 +181,13 @@ class SharedJobs:
             )
             values = job.values
         except JobFailed as exc:
+            self._tell(parts, started, getattr(exc.result, "job_id", None), "failed")
             self._done.update(_salvage(parts, exc, test_id))
             return
         except GpuClusterError as exc:  # could not launch, or every rank skipped
             self._done.update({p.key: exc for p in parts})
             return
+        self._tell(parts, started, job.job_id, "ok")
         for index, part in enumerate(parts):
             self._done[part.key] = _part_outcome(
                 part,
@@ -186,7 +198,12 @@ class SharedJobs:
                 tuple(p.name for p in parts if p is not part),
             )
 
+    def _tell(self, parts: list[Part], started: float, job_id: str | None, status: str) -> None:
+        if self.on_job is not None:
+            self.on_job(job_timing(parts, time.monotonic() - started, job_id, status))
+
     def _run_alone(self, part: Part, test_id: str) -> Outcome:
+        started = time.monotonic()
         try:
             job = self.cluster.run(
                 part.workload,
@@ -199,9 +216,32 @@ class SharedJobs:
                 init_process_group=part.init_process_group,
             )
             values = tuple(job.values)
+        except JobFailed as exc:
+            self._tell([part], started, getattr(exc.result, "job_id", None), "failed")
+            return exc
         except GpuClusterError as exc:
             return exc
+        self._tell([part], started, job.job_id, "ok")
         return PartRun(part, values, job.job_id, Path(job.job_dir), test_id)
+
+
+def job_timing(parts: list[Part], actual_s: float, job_id: str | None, status: str) -> dict[str, Any]:
+    """results.json's record of one job: its parts, the plan's estimate (their work plus one
+    start-up, as `plans.session_plan` adds them) and deadline, and the time it really took."""
+    estimates = [p.estimate_s for p in parts]
+    estimate = None
+    if all(e is not None for e in estimates):
+        work = sum((p.estimate_s or 0.0) - p.startup_s for p in parts)
+        estimate = round(work + max(p.startup_s for p in parts), 1)
+    return {
+        "job_id": job_id,
+        "parts": [p.name for p in parts],
+        "nodes": parts[0].nodes,
+        "estimate_s": estimate,
+        "deadline_s": round(sum(p.timeout_s for p in parts), 1),
+        "actual_s": round(actual_s, 1),
+        "status": status,
+    }
 
 
 def _part_options(part: Part) -> dict[str, Any]:

@@ -69,6 +69,7 @@ def pytest_configure(config: pytest.Config) -> None:
         session = GpuClusterSession.start(config, settings)
     except GpuClusterError as exc:
         raise pytest.UsageError(f"gpucluster: {exc}") from None
+    session.verbose = config.get_verbosity() > 0
     config.stash[SESSION_KEY] = session
     _sigterm_stops_like_ctrl_c(config)
     _start_regression_gate(session)
@@ -151,14 +152,61 @@ def _terminal_writer(config: pytest.Config) -> Any:
     return write
 
 
+_SLOW_DESELECTED = pytest.StashKey[int]()
+
+
+def _slow_burnin(item: pytest.Item) -> bool:
+    return any(mark.kwargs.get("slow") for mark in item.iter_markers("burnin"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tiers' rules (plans/tiers.py), before ``-m`` deselects (tryfirst), in every xdist worker
+    alike: the slow burn-in parts (``burnin(slow=True)``: the pairwise localization, about n/2 + 2
+    jobs) run only when ``-m`` names burnin; every other test is in the standard tier, the quick
+    ones included, so ``-m standard`` selects what a plain run does."""
+    if "burnin" not in (config.getoption("markexpr", "") or ""):
+        slow = [item for item in items if _slow_burnin(item)]
+        if slow:
+            items[:] = [item for item in items if not _slow_burnin(item)]
+            config.hook.pytest_deselected(items=slow)
+            config.stash[_SLOW_DESELECTED] = len(slow)
+    for item in items:
+        if not _slow_burnin(item) and item.get_closest_marker("standard") is None:
+            item.add_marker(pytest.mark.standard)
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
+    count = config.stash.get(_SLOW_DESELECTED, 0)
+    if not count:
+        return []
+    return [
+        f"gpucluster: {count} slow burn-in test(s) deselected (pairwise localization); run them with -m burnin"
+    ]
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """A dry run prints the plan: every job the selected tests would launch, with its deadline."""
+    """The plan of the selected tests (plan_items.py), before any test runs: results.json keeps it;
+    a dry run prints it as a table with its totals; ``--gpucluster-budget`` refuses a session whose
+    estimate exceeds it, naming the jobs that cost most."""
     gc = session.config.stash.get(SESSION_KEY, None)
-    if gc is None or gc.is_xdist_worker or not gc.settings.dry_run:
+    if gc is None or gc.is_xdist_worker or session.config.option.collectonly:
         return
+    if not (gc.settings.dry_run or gc.settings.budget is not None or session.items):
+        return
+    from pytest_gpucluster.plan_items import dry_run_lines, session_plan
+
+    plan, errors = session_plan(list(session.items), gc)
+    gc.recorder.header["plan"] = plan.to_json()
     write = gc.progress or print
-    for line in _fixtures.dry_run_plan(list(session.items), gc):
-        write(line)
+    if gc.settings.dry_run:
+        for line in dry_run_lines(plan, errors, verbose=session.config.get_verbosity() > 0):
+            write(line)
+    budget = gc.settings.budget
+    if budget is not None and plan.total_s() > budget:
+        from pytest_gpucluster.plans.session_plan import over_budget
+
+        raise pytest.UsageError(f"gpucluster: {over_budget(plan, budget, gc.settings.source('budget'))}")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -352,7 +400,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if _fail_closed(gc) and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if gc.settings.history is not None:
-        _history_column(gc)
+        from pytest_gpucluster.results.history.session_end import add_history_column
+
+        add_history_column(gc)
 
     failed = any(o.category != "pass" and o.outcome in ("failed", "error") for o in gc.recorder.outcomes)
     mode = "warn" if gc.settings.regression_gate == "warn" else "fail"
@@ -363,36 +413,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if finished.comparison is not None and finished.comparison.fails and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if gc.settings.history is not None:
-        gc.history_line = _append_history(gc)
+        from pytest_gpucluster.results.history.session_end import append_run
 
-
-def _history_column(gc: GpuClusterSession) -> None:
-    """Each node's failures in the store's last runs, for the report's matrix (read before this
-    run is appended); an unreadable store is said when the append fails on it too."""
-    from pytest_gpucluster.results.history.column import read_history_record
-
-    try:
-        record = read_history_record(gc.settings.history, gc.hosts)
-    except GpuClusterError:
-        return
-    if record is not None:
-        gc.recorder.header["history"] = record
-
-
-def _append_history(gc: GpuClusterSession) -> str:
-    """Append the finished run to the history store; a store that cannot take it is said, never
-    a failure of the run (its results.json stands, and `gpucluster history add` takes it later)."""
-    from pytest_gpucluster.results.history import record_run
-
-    db = gc.settings.history
-    gc.recorder.flush()
-    try:
-        return record_run(db, gc.recorder.path)
-    except GpuClusterError as exc:
-        return (
-            f"WARNING history: this run was not appended to {db}: {exc}; "
-            f"append it later with: gpucluster history add --db {db} {gc.recorder.path}"
-        )
+        gc.history_line = append_run(gc)
 
 
 def _fail_closed(gc: GpuClusterSession) -> bool:

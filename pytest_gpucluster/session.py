@@ -30,6 +30,7 @@ from pytest_gpucluster import session_header
 from pytest_gpucluster.cluster.node_facts import ClusterFacts
 from pytest_gpucluster.errors import GpuClusterError, SettingsError
 from pytest_gpucluster.options import Settings
+from pytest_gpucluster.plans.tiers import TierDurations, run_tier, tier_durations
 from pytest_gpucluster.probing import (
     PROBE_WORK_S,
     all_local,
@@ -79,6 +80,10 @@ class GpuClusterSession:
     """Why the nodes were not probed (a dry run), for skip reasons and the header."""
     history_line: str = ""
     """What appending this run to ``--gpucluster-history`` did, for the summary."""
+    tier: TierDurations | None = None
+    """The run's tier (``-m quick|standard|burnin``, `plans.tiers`) and its durations."""
+    verbose: bool = False
+    """``-v``: a dry run prints every command with its environment."""
     history_baseline: str = ""
     """With ``--baseline history:N``: which stored runs the baseline is the median of."""
     only_hosts: tuple[str, ...] = ()
@@ -113,6 +118,7 @@ class GpuClusterSession:
             is_xdist_worker=worker,
             session_tag=_session_tag(config),
             probed=probed,
+            tier=tier_durations(profile.model, run_tier(config.getoption("markexpr", "") or "")),
         )
         recorder.header = session.header_record()
         if probed is not None:
@@ -134,13 +140,18 @@ class GpuClusterSession:
         if self.probed is not None or self.is_xdist_worker:
             return self.node_facts
         options = probe_options(self.forward_patterns)
+        cuda = self.profile.model.cluster.device == "cuda"
+        if self.settings.dry_run and cuda and not self.machine.cuda_available and all_local(self.hosts):
+            self.not_probed = f"this machine has no GPU to probe for profile {self.profile.name}"
+            return None
         if all_local(self.hosts):
             facts = probe_here(options)
         elif self.cluster_error() is not None:
             return None
         elif self.settings.dry_run:
             self.not_probed = "a dry run probes no node, so GPU counts and capabilities are not judged"
-            for command in self.cluster.commands_for(PROBE_WORKLOAD, nproc_per_node=1, options=options):
+            commands = self.cluster.commands_for(PROBE_WORKLOAD, nproc_per_node=1, options=options)
+            for command in commands if self.verbose else ():
                 (self.progress or print)(f"[dry run] probe: {command.host}: {command.shell_line()}")
             return None
         else:

@@ -38,6 +38,21 @@ def header_record(session: GpuClusterSession) -> dict[str, Any]:
         ),
         "nccl_env": redact(session.nccl_env),
         "regression": {"tolerances": session.tolerances.to_json(), "mode": session.settings.regression_gate},
+        "tier": _tier_record(session),
+    }
+
+
+def _tier_record(session: GpuClusterSession) -> dict[str, Any] | None:
+    tier = session.tier
+    if tier is None:
+        return None
+    return {
+        "name": tier.tier,
+        "sweep": tier.sweep,
+        "load_s": tier.load_s,
+        "numerics_s": tier.numerics_s,
+        "soak_s": tier.soak_s,
+        "source": tier.source,
     }
 
 
@@ -58,6 +73,8 @@ def header_lines(session: GpuClusterSession) -> list[str]:
     if session.leftovers is not None:
         lines += [f"gpucluster: {line}" for line in session.leftovers.lines()]
     lines += _probe_lines(session)
+    if session.tier is not None:
+        lines.append(f"gpucluster: {session.tier.describe()}")
     if session.settings.dry_run:
         lines.append("gpucluster: dry run — commands are printed, nothing is launched")
     return lines

@@ -2,7 +2,10 @@
 """A plain DeepSpeed + transformers SFT loop: the independent reference of ``sft_overhead.py``.
 
 It imports nothing from pytest_gpucluster: its own tiny Llama config (the shape of
-FEASIBILITY.md section 7: hidden 128, 2 layers, 4 heads, vocabulary 1000), its own byte-level
+FEASIBILITY.md section 7: hidden 128, 2 layers, 4 heads, vocabulary 1000) unless ``--model-config``
+gives a ``LlamaConfig``'s keyword arguments as JSON (the caller's case's shape on a GPU: Llama-2-7B
+cut to a few layers), with ``--attn-implementation`` and ``--gradient-checkpointing`` as the
+harness's case says; its own byte-level
 tokenization of Alpaca records read from a JSON file, its own DeepSpeed config, and a loop of
 forward / ``engine.backward`` / ``engine.step`` with a clock around each optimizer step::
 
@@ -63,12 +66,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--backend", default=None, help="gloo or nccl (default: nccl with CUDA)")
+    parser.add_argument(
+        "--model-config",
+        type=Path,
+        default=None,
+        help="a JSON file of LlamaConfig keyword arguments (default: tiny)",
+    )
+    parser.add_argument(
+        "--attn-implementation", default="sdpa", choices=("eager", "sdpa", "flash_attention_2")
+    )
+    parser.add_argument("--gradient-checkpointing", action="store_true")
     return parser.parse_args(argv)
 
 
-def tiny_llama_config() -> Any:
+def llama_config(args: argparse.Namespace) -> Any:
+    """``--model-config``'s shape, else the tiny one; attention as ``--attn-implementation``."""
     from transformers import LlamaConfig
 
+    if args.model_config is not None:
+        kwargs = json.loads(args.model_config.read_text(encoding="utf-8"))
+        return LlamaConfig(**{**kwargs, "use_cache": False, "attn_implementation": args.attn_implementation})
     return LlamaConfig(
         vocab_size=1000,
         hidden_size=128,
@@ -81,7 +98,7 @@ def tiny_llama_config() -> Any:
         rope_theta=10000.0,
         tie_word_embeddings=False,
         use_cache=False,
-        attn_implementation="sdpa",
+        attn_implementation=args.attn_implementation,
     )
 
 
@@ -169,8 +186,10 @@ def train(args: argparse.Namespace, device: str, backend: str) -> tuple[int, lis
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
     torch.manual_seed(args.seed)
     with torch.device(device):
-        model = transformers.LlamaForCausalLM(tiny_llama_config()).to(dtype)
+        model = transformers.LlamaForCausalLM(llama_config(args)).to(dtype)
     params = sum(p.numel() for p in model.parameters())
+    if args.gradient_checkpointing:  # as the harness: non-reentrant, every decoder block
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=model.parameters(), config=deepspeed_config(args, world)
     )

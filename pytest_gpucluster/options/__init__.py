@@ -6,7 +6,7 @@ from, so an error can say ``--nnodes=0 (from GPUCLUSTER_NNODES)`` and the report
 show the effective settings.
 
 The option table is declared by subject in pytest-free modules of this package (`cluster`,
-`launch`, `files`, `gate`, `burnin`, `history`; `spec` says what an option is). This package's `__init__` is
+`launch`, `files`, `gate`, `burnin`, `history`, `tiers`; `spec` says what an option is). This package's `__init__` is
 the one entry point `plugin` calls and the only one of them that imports pytest.
 """
 
@@ -27,6 +27,7 @@ from pytest_gpucluster.options import files as options_files
 from pytest_gpucluster.options import gate as options_gate
 from pytest_gpucluster.options import history as options_history
 from pytest_gpucluster.options import launch as options_launch
+from pytest_gpucluster.options import tiers as options_tiers
 from pytest_gpucluster.options.spec import Option, Setting
 
 __all__ = ["OPTIONS", "Setting", "Settings", "add_options", "resolve_settings"]
@@ -54,6 +55,7 @@ OPTIONS: tuple[Option, ...] = (
     options_gate.MAX_REGRESSION,
     options_gate.REGRESSION_GATE,
     options_history.HISTORY,
+    options_tiers.BUDGET,
 )
 """Every option, in the order --help lists them and results.json's header records them (the order
 they had before the table was split by subject; users and stored baselines know it)."""
@@ -137,6 +139,7 @@ class Settings:
     max_regression: float
     regression_gate: str = "fail"
     history: Path | None = None
+    budget: float | None = None
     dry_run: bool = False
     drain: bool = False
     reap: bool = False

@@ -18,16 +18,35 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_gpucluster.harness import Part
-from pytest_gpucluster.plans.burnin_deadlines import health_deadline, straggler_sweep_deadline
+from pytest_gpucluster.plans.burnin_deadlines import (
+    COUNTERS_WORK_S,
+    DCGM_STARTUP_S,
+    FABRIC_WORK_S,
+    STARTUP_S,
+    counters_deadline,
+    dcgm_deadline,
+    fabric_deadline,
+    health_deadline,
+    health_estimate,
+    pair_deadline,
+    pair_estimate,
+    straggler_sweep_deadline,
+    straggler_sweep_estimate,
+)
 
 __all__ = [
     "DCGM",
+    "DCGM_LEVEL_ESTIMATE_S",
     "FABRIC",
     "INJECTED_DELAY_S",
     "STRAGGLER_SWEEP",
+    "counters_part",
     "dcgm_options",
+    "dcgm_part",
     "fabric_options",
+    "fabric_part",
     "health_part",
+    "pairwise_parts",
     "straggler_sweep_part",
 ]
 
@@ -45,6 +64,7 @@ def xid_watch_dir(session_started_at: float) -> str:
 
 FABRIC = "pytest_gpucluster.workloads.fabric_probe:node_snapshot"
 DCGM = "pytest_gpucluster.workloads.dcgm_diag:diag"
+PAIR = "pytest_gpucluster.workloads.health:pair_allreduce"
 SWEEP = "pytest_gpucluster.workloads.collectives:sweep"
 STRAGGLER_SWEEP = {
     "collective": "all_reduce",
@@ -61,18 +81,14 @@ INJECTED_DELAY_S = 0.02
 
 
 def health_part(nodes: int, settings: Any, load_s: float = 5.0) -> Part:
-    """The health job on ``nodes`` nodes, each GPU loaded for ``load_s`` (``burnin.load_duration``),
-    its deadline `burnin_deadlines.health_deadline` (``settings``: the session's, for
-    ``--job-timeout`` and ``--rendezvous-timeout``)."""
+    """The health job on ``nodes`` nodes, each GPU loaded for ``load_s`` (the tier's ``load``, else
+    ``burnin.load_duration``), its deadline `burnin_deadlines.health_deadline` (``settings``: the
+    session's, for ``--job-timeout`` and ``--rendezvous-timeout``)."""
     deadline = health_deadline(nodes, settings, load_s)
     return Part(
-        "burnin-health",
-        HEALTH,
-        {"load_s": load_s},
-        nodes=nodes,
-        timeout_s=deadline.seconds,
-        deadline=deadline.text,
-    )
+        "burnin-health", HEALTH, {"load_s": load_s}, nodes=nodes, timeout_s=deadline.seconds,
+        deadline=deadline.text, estimate_s=health_estimate(load_s), startup_s=STARTUP_S,
+    )  # fmt: skip
 
 
 def straggler_sweep_part(nodes: int, settings: Any, backend: str, inject_rank: int | None = None) -> Part:
@@ -83,7 +99,10 @@ def straggler_sweep_part(nodes: int, settings: Any, backend: str, inject_rank: i
         name = "burnin-injected-straggler"
         options.update(inject_delay_s=INJECTED_DELAY_S, inject_rank=inject_rank)
     deadline = straggler_sweep_deadline(options, backend, nodes, settings)
-    return Part(name, SWEEP, options, nodes=nodes, timeout_s=deadline.seconds, deadline=deadline.text)
+    return Part(
+        name, SWEEP, options, nodes=nodes, timeout_s=deadline.seconds, deadline=deadline.text,
+        estimate_s=straggler_sweep_estimate(options, backend), startup_s=STARTUP_S,
+    )  # fmt: skip
 
 
 def fabric_options() -> dict[str, object]:
@@ -94,3 +113,55 @@ def fabric_options() -> dict[str, object]:
 def dcgm_options(level: int, timeout_s: float) -> dict[str, object]:
     """``dcgmi diag -r <level> -j``, given ``timeout_s`` on the node (the job gets a minute more)."""
     return {"level": level, "timeout_s": timeout_s}
+
+
+# ---------------------------------------------------------------------------------------------
+# The jobs burn-in tests launch themselves, as the plan counts them (plan_items.launches)
+# ---------------------------------------------------------------------------------------------
+
+DCGM_LEVEL_ESTIMATE_S = {1: 30.0, 2: 120.0, 3: 1800.0, 4: 7200.0}
+"""What ``dcgmi diag -r <level>`` takes on a healthy node, at the long end of NVIDIA's figures for
+each run level (dcgmi diag reference: level 1 seconds, 2 about 2 minutes, 3 about 15-30 minutes, 4
+1-2 hours); the deadline is the level's timeout (``burnin.dcgm``), far beyond."""
+
+
+def counters_part(nodes: int, settings: Any) -> Part:
+    """The ECC/XID counters' reading on every node (test_counters_before and _after each run one)."""
+    deadline = counters_deadline(nodes, settings)
+    return Part(
+        "burnin-counters", COUNTERS, nodes=nodes, timeout_s=deadline.seconds, deadline=deadline.text,
+        estimate_s=COUNTERS_WORK_S + STARTUP_S, startup_s=STARTUP_S, shareable=False,
+    )  # fmt: skip
+
+
+def fabric_part(nodes: int, settings: Any) -> Part:
+    """The fabric ports' reading, one rank per node (test_fabric_before and _after each run one)."""
+    deadline = fabric_deadline(nodes, settings)
+    return Part(
+        "burnin-fabric", FABRIC, fabric_options(), nodes=nodes, nproc_per_node=1, timeout_s=deadline.seconds,
+        deadline=deadline.text, estimate_s=FABRIC_WORK_S + STARTUP_S, startup_s=STARTUP_S, shareable=False,
+    )  # fmt: skip
+
+
+def dcgm_part(level: int, diag_timeout_s: float, nodes: int, settings: Any) -> Part:
+    """``dcgmi diag -r <level>`` on every node: estimated from the level (:data:`DCGM_LEVEL_ESTIMATE_S`)."""
+    deadline = dcgm_deadline(diag_timeout_s, nodes, settings)
+    return Part(
+        "burnin-dcgm", DCGM, dcgm_options(level, diag_timeout_s), nodes=nodes, nproc_per_node=1,
+        timeout_s=deadline.seconds, deadline=deadline.text,
+        estimate_s=DCGM_LEVEL_ESTIMATE_S[level] + DCGM_STARTUP_S, startup_s=DCGM_STARTUP_S, shareable=False,
+    )  # fmt: skip
+
+
+def pairwise_parts(nodes: int, size_bytes: int, iters: int, backend: str, settings: Any) -> list[Part]:
+    """The pairwise localization's pair jobs: about n/2 + 2 of them (disjoint pairs, then each node
+    of a failing pair against a good one), one after another."""
+    if nodes < 2:
+        return []
+    deadline = pair_deadline(size_bytes, iters, backend, settings)
+    count, estimate = nodes // 2 + 2, pair_estimate(size_bytes, iters, backend)
+    part = Part(
+        "burnin-pair", PAIR, {"plan_count": count}, nodes=2, timeout_s=deadline.seconds,
+        deadline=deadline.text, estimate_s=estimate, startup_s=STARTUP_S, shareable=False,
+    )  # fmt: skip
+    return [part]

@@ -37,8 +37,11 @@ __all__ = [
     "dcgm_deadline",
     "fabric_deadline",
     "health_deadline",
+    "health_estimate",
     "pair_deadline",
+    "pair_estimate",
     "straggler_sweep_deadline",
+    "straggler_sweep_estimate",
     "work_deadline",
 ]
 
@@ -60,6 +63,12 @@ DCGM_STARTUP_S = 60.0
 """The minute the DCGM job always had beyond the diag's own time: its start-up."""
 
 
+def health_estimate(load_s: float = 5.0) -> float:
+    """The health job's estimated run: its measurements' (generous) estimate, the GPU load beyond
+    the default 5 s, and the start-up; what the dry run adds up."""
+    return HEALTH_WORK_S + max(load_s - 5.0, 0.0) + STARTUP_S
+
+
 def health_deadline(nodes: int, settings: Any, load_s: float = 5.0) -> Deadline:
     """The health job on every node at once (``workloads.health:health``), its GPU load
     ``load_s`` (``burnin.load_duration``) on top of the measurements' estimate."""
@@ -77,10 +86,12 @@ def fabric_deadline(nodes: int, settings: Any) -> Deadline:
     return work_deadline(FABRIC_WORK_S, "reading the ports and qdiscs", FABRIC_MINIMUM_S, nodes, settings)
 
 
-def straggler_sweep_deadline(options: Mapping[str, Any], backend: str, nodes: int, settings: Any) -> Deadline:
-    """The straggler sweep (``workloads.collectives:sweep`` with ``options``, as
-    ``plans.burnin.STRAGGLER_SWEEP``): every call of every size at the floor rate, and the sleep
-    of an injected straggler (``inject_delay_s``) before each timed call."""
+def straggler_sweep_estimate(options: Mapping[str, Any], backend: str) -> float:
+    """The straggler sweep's work at the floor rate plus the start-up (a bound: the floor is slow)."""
+    return _sweep_work(options, backend)[0] + STARTUP_S
+
+
+def _sweep_work(options: Mapping[str, Any], backend: str) -> tuple[float, str]:
     sizes = sweep_sizes(
         parse_size(options["min_bytes"]), parse_size(options["max_bytes"]), int(options.get("factor", 2))
     )
@@ -93,7 +104,20 @@ def straggler_sweep_deadline(options: Mapping[str, Any], backend: str, nodes: in
     how = f"{sum(sizes) * calls / 1e9:.4g} GB moved ({calls} calls per size) at a {rate / 1e9:g} GB/s floor"
     if delay:
         how += f" + {delay:g} s of injected delay"
+    return work, how
+
+
+def straggler_sweep_deadline(options: Mapping[str, Any], backend: str, nodes: int, settings: Any) -> Deadline:
+    """The straggler sweep (``workloads.collectives:sweep`` with ``options``, as
+    ``plans.burnin.STRAGGLER_SWEEP``): every call of every size at the floor rate, and the sleep
+    of an injected straggler (``inject_delay_s``) before each timed call."""
+    work, how = _sweep_work(options, backend)
     return work_deadline(work, how, JOB_MINIMUM_S, nodes, settings)
+
+
+def pair_estimate(size_bytes: int, iters: int, backend: str, warmup: int = 2) -> float:
+    """One pair job's estimate: its bytes at the floor rate plus the start-up (a bound)."""
+    return int(size_bytes) * (int(iters) + int(warmup)) / floor_rate(backend) + STARTUP_S
 
 
 def pair_deadline(size_bytes: int, iters: int, backend: str, settings: Any, warmup: int = 2) -> Deadline:

@@ -75,14 +75,19 @@ def _factor(settings: SweepSettings) -> int:
     return int(settings.factor)
 
 
-def sweep_requests(case: Case, settings: SweepSettings) -> list[SweepRequest]:
+def sweep_requests(case: Case, settings: SweepSettings, *, checked_only: bool = False) -> list[SweepRequest]:
     """The profile's grid for the case's collective, plus one one-size sweep per checked size
-    that the grid does not visit (a 32 GB check beyond a 16 GiB grid, a 3 MiB one between points)."""
+    that the grid does not visit (a 32 GB check beyond a 16 GiB grid, a 3 MiB one between points).
+    ``checked_only`` (the quick tier, `plans.tiers`): one one-size sweep per checked size and no
+    grid; a case with no check sweeps the grid's largest size, so its bandwidth is still recorded."""
     factor = _factor(settings)
     lo, hi = int(settings.min_bytes), int(settings.max_bytes)
+    checked = sorted({int(check.size) for _, check in case.checks})
+    if checked_only:
+        return [SweepRequest(case.collective, size, size, factor) for size in checked or [hi]]
     grid = set(sweep_sizes(lo, hi, factor))
     requests = [SweepRequest(case.collective, lo, hi, factor)]
-    for size in sorted({int(check.size) for _, check in case.checks} - grid):
+    for size in sorted(set(checked) - grid):
         requests.append(SweepRequest(case.collective, size, size, factor))
     return requests
 
@@ -240,15 +245,16 @@ def sweep_part(
     cluster: ClusterSection | None = None,
     ranks_per_node: int | None = None,
     settings: Any = None,
+    checked_only: bool = False,
 ) -> Part | None:
     """The sweeps of one case on the nodes its scope means, under ``env`` (:func:`job_env`); None
     when the scope cannot run here (the test skips with ``scope_nodes``' reason). Its deadline:
     `sweep_deadline` (``cluster`` gives the expected bandwidth, ``settings`` an explicit
-    ``--job-timeout``)."""
+    ``--job-timeout``; ``checked_only``: the quick tier's sweep, `sweep_requests`)."""
     nodes, reason = scope_nodes(case.scope, available_nodes, ranks_per_node)
     if reason is not None:
         return None
-    requests = sweep_requests(case, section.sweep)
+    requests = sweep_requests(case, section.sweep, checked_only=checked_only)
     deadline = sweep_deadline(
         case, requests, section, backend,
         nranks=nodes * (ranks_per_node or 1), nodes=nodes, cluster=cluster, settings=settings,
@@ -261,6 +267,8 @@ def sweep_part(
         env=dict(env or {}),
         timeout_s=deadline.seconds,
         deadline=deadline.text,
+        estimate_s=deadline.estimate_s,
+        startup_s=SWEEP_STARTUP_S,
     )
 
 

@@ -105,9 +105,11 @@ def numerics_part(model: ProfileModel, nodes: int, settings: Any, *, inject_rank
     deadline = numerics_deadline(model, nodes, settings, options["duration_s"])
     env = {"CUBLAS_WORKSPACE_CONFIG": CUBLAS_WORKSPACE} if model.cluster.device == "cuda" else {}
     name = "numerics-injected-corruption" if inject_rank is not None else "numerics"
+    estimate = deadline.estimate_s + STARTUP_S if deadline.estimate_s is not None else None
     return Part(
-        name, NUMERICS, options, nodes=nodes, env=env, timeout_s=deadline.seconds, deadline=deadline.text
-    )
+        name, NUMERICS, options, nodes=nodes, env=env, timeout_s=deadline.seconds, deadline=deadline.text,
+        estimate_s=estimate, startup_s=STARTUP_S,
+    )  # fmt: skip
 
 
 def dtype_floors(model: ProfileModel) -> dict[str, Floor]:

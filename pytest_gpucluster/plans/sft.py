@@ -14,6 +14,7 @@ from typing import Any
 from pytest_gpucluster.errors import ParseError, ProfileError
 from pytest_gpucluster.harness import Part
 from pytest_gpucluster.maths.shapes import SHAPES
+from pytest_gpucluster.profiles.estimates import STARTUP_S
 from pytest_gpucluster.profiles.schema import ClusterSection, ProfileModel, ScalingSection, SftCase
 
 __all__ = [
@@ -85,6 +86,7 @@ def sft_part(
     nproc_per_node: int,
     timeout_s: float,
     deadline: str = "",
+    estimate_s: float | None = None,
 ) -> Part:
     """Train ``case`` on ``nodes`` x ``nproc_per_node`` ranks under ``timeout_s`` (``deadline``: how it
     was chosen, `plans.deadlines`). The same case at the same size is the same part: test_scaling
@@ -98,6 +100,8 @@ def sft_part(
         timeout_s=timeout_s,
         deadline=deadline,
         measures_memory=True,
+        estimate_s=estimate_s,
+        startup_s=STARTUP_S,
     )
 
 
@@ -118,7 +122,12 @@ def scaling_nodes(profile: ProfileModel, count: int) -> int:
 
 
 def scaling_part(
-    profile: ProfileModel, count: int, ranks_per_node: int, timeout_s: float, deadline: str = ""
+    profile: ProfileModel,
+    count: int,
+    ranks_per_node: int,
+    timeout_s: float,
+    deadline: str = "",
+    estimate_s: float | None = None,
 ) -> Part:
     """The scaling case trained at ``count``: that many nodes of the case's ranks per node (unit
     nodes), or that many ranks on one node (unit ranks)."""
@@ -130,7 +139,10 @@ def scaling_part(
         nodes, nproc = 1, count
     else:
         nodes, nproc = count, case_ranks_per_node(case, ranks_per_node)
-    return sft_part(case, profile, nodes=nodes, nproc_per_node=nproc, timeout_s=timeout_s, deadline=deadline)
+    return sft_part(
+        case, profile, nodes=nodes, nproc_per_node=nproc, timeout_s=timeout_s, deadline=deadline,
+        estimate_s=estimate_s,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------

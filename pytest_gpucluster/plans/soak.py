@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_gpucluster.checks.burnin.soak import SoakPoint
+from pytest_gpucluster.harness import Part
 from pytest_gpucluster.plans.deadlines import Deadline, rendezvous_allowance
 from pytest_gpucluster.profiles.findings import seconds
 from pytest_gpucluster.profiles.schema import SoakSettings
@@ -60,3 +61,15 @@ def soak_deadline(
         f"round 20x slower = {seconds(work)}, + {allowance_why}"
     )
     return Deadline(work + allowance, why, duration_s, "--gpucluster-soak")
+
+
+def soak_part(
+    duration_s: float, points: Sequence[SoakPoint], settings: SoakSettings, nodes: int, deadline: Deadline
+) -> Part:
+    """The soak as the plan counts it (acceptance/test_fabric.py launches it itself): its duration
+    plus the start-up."""
+    return Part(
+        "burnin-soak", WORKLOAD, soak_options(points, settings, duration_s), nodes=nodes,
+        timeout_s=deadline.seconds, deadline=deadline.text, estimate_s=duration_s + START_UP_S,
+        startup_s=START_UP_S, shareable=False,
+    )  # fmt: skip

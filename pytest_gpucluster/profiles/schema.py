@@ -38,6 +38,7 @@ from pytest_gpucluster.profiles.schema_run import (  # noqa: F401 - re-exported
     RegressionSection,
     RegressionTolerance,
 )
+from pytest_gpucluster.profiles.schema_tiers import TiersSection
 
 
 class ClusterSection(Section):
@@ -292,6 +293,7 @@ class ProfileModel(Section):
     launch: LaunchSection = Field(default_factory=LaunchSection)
     fabric: FabricSection = Field(default_factory=FabricSection)
     numerics: NumericsSection = Field(default_factory=NumericsSection)
+    tiers: TiersSection = Field(default_factory=TiersSection)
     versions: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")

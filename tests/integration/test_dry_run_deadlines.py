@@ -33,7 +33,7 @@ def _plan(tmp_path: Path, profile: str) -> dict[str, str]:
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "acceptance/", f"--hw={profile}", f"--hostfile={hosts}",
          "--gpucluster-dry-run", f"--results-dir={tmp_path / 'r'}", "-p", "no:cacheprovider", "-p", "no:xdist",
-         "-q", "-s"],
+         "-v", "-s"],
         cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
         env={k: v for k, v in os.environ.items() if not k.startswith("GPUCLUSTER_")},
     )  # fmt: skip

@@ -124,7 +124,9 @@ def test_the_dry_run_prints_every_burnin_and_fabric_jobs_deadline_with_the_allow
     """A site that grants its ranks 10 minutes to start (--rendezvous-timeout 600) sees, before
     spending an allocation, that no burn-in or fabric job is killed within that: each job's timeout,
     its work and the rendezvous allowance (480 s beyond the jobs' 120 s start-up on one node)."""
-    result = run("test_fabric.py", "test_burnin.py", "--gpucluster-dry-run", "--rendezvous-timeout=600", "-s")
+    result = run(
+        "test_fabric.py", "test_burnin.py", "--gpucluster-dry-run", "--rendezvous-timeout=600", "-s", "-v"
+    )
     assert result.ret == pytest.ExitCode.OK
     out = result.stdout.lines + capsys.readouterr().out.splitlines()
     plan = {}
@@ -148,7 +150,9 @@ def test_the_dry_run_prints_every_burnin_and_fabric_jobs_deadline_with_the_allow
     assert "GB moved (21 calls per size) at a 0.05 GB/s floor" in plan["burnin-straggler-sweep"]
     assert "s of injected delay" in plan["burnin-injected-straggler"]
     # an explicit --job-timeout wins over every derived one, and says where it came from
-    forced = run("test_fabric.py", "-k", "fabric_before", "--gpucluster-dry-run", "--job-timeout=200", "-s")
+    forced = run(
+        "test_fabric.py", "-k", "fabric_before", "--gpucluster-dry-run", "--job-timeout=200", "-s", "-v"
+    )
     assert forced.ret == pytest.ExitCode.OK
     forced_out = forced.stdout.lines + capsys.readouterr().out.splitlines()
     line = next(line for line in forced_out if "[dry run] plan: burnin-fabric" in line)

@@ -180,7 +180,7 @@ def test_inside_a_slurm_allocation_the_nodes_are_the_allocations(run, monkeypatc
     source = (
         "def test_x(cluster):\n    cluster.run('pytest_gpucluster.workloads.basic:all_reduce_sum', nodes=2)\n"
     )
-    result = run("--hw=cpu-local", "--gpucluster-dry-run", source=source)
+    result = run("--hw=cpu-local", "--gpucluster-dry-run", "-v", source=source)  # -v: the commands
     result.stdout.fnmatch_lines(
         [
             "gpucluster: profile cpu-local (*), 2 nodes x 2 ranks, backend gloo, launcher slurm "

@@ -201,10 +201,17 @@ class HistoryStore:
             ) from None
         try:
             yield self._db
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:  # a full disk, an I/O error: nothing of this transaction lands
+            self._rollback()
+            raise HistoryError(f"{self.path}: the write was rolled back: {exc}") from None
         except BaseException:
-            self._db.execute("ROLLBACK")
+            self._rollback()
             raise
-        self._db.execute("COMMIT")
+
+    def _rollback(self) -> None:
+        if self._db.in_transaction:
+            self._db.execute("ROLLBACK")
 
     def _migrate(self) -> None:
         version = self.version
@@ -273,7 +280,7 @@ class HistoryStore:
         if last is not None:
             query += " LIMIT ?"
             params = (last,)
-        rows = self._db.execute(query, params).fetchall()
+        rows = self.query(query, params)
         return [
             StoredRun(r[0], r[1], r[2], r[3], tuple(json.loads(r[4])), r[5], r[6], r[7])
             for r in reversed(rows)
@@ -281,30 +288,33 @@ class HistoryStore:
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Rows of a read-only query (the analyses in ``history/`` use it)."""
-        return self._db.execute(sql, params).fetchall()
+        try:
+            return self._db.execute(sql, params).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise HistoryError(f"{self.path} cannot be read: {exc}") from None
 
     def results(self, run_id: int) -> RunResults:
         """A stored run as `RunResults` again (measurements, outcomes and header), for the gate."""
-        found = self._db.execute("SELECT source, header FROM runs WHERE id = ?", (run_id,)).fetchone()
-        if found is None:
+        found = self.query("SELECT source, header FROM runs WHERE id = ?", (run_id,))
+        if not found:
             raise HistoryError(f"{self.path} holds no run #{run_id}")
-        header = json.loads(found[1])
+        source, header_text = found[0]
         measurements = [
-            json.loads(r[0])
-            for r in self._db.execute(
+            json.loads(data)
+            for (data,) in self.query(
                 "SELECT data FROM measurements WHERE run_id = ? ORDER BY seq", (run_id,)
             )
         ]
         outcomes = [
             {"test_id": r[0], "outcome": r[1], "category": r[2], "duration_s": r[3], "message": r[4]}
-            for r in self._db.execute(
+            for r in self.query(
                 "SELECT test_id, outcome, category, duration_s, message FROM outcomes WHERE run_id = ? "
                 "ORDER BY seq",
                 (run_id,),
             )
         ]
-        data = {**header, "measurements": measurements, "outcomes": outcomes}
-        return RunResults.from_json(data, f"history run #{run_id} ({found[0]})")
+        data = {**json.loads(header_text), "measurements": measurements, "outcomes": outcomes}
+        return RunResults.from_json(data, f"history run #{run_id} ({source})")
 
     def integrity(self) -> str:
         """SQLite's own check of the file: ``ok``, or what is broken."""

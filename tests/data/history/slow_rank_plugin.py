@@ -18,8 +18,8 @@ _health_part = burnin.health_part
 _slowed = [0]
 
 
-def _slow_health_part(nodes, settings):  # type: ignore[no-untyped-def]
-    part = _health_part(nodes, settings)
+def _slow_health_part(*args, **kwargs):  # type: ignore[no-untyped-def]
+    part = _health_part(*args, **kwargs)
     limit = os.environ.get("GPUCLUSTER_TEST_SLOW_JOBS")
     if limit is not None and _slowed[0] >= int(limit):
         return part

@@ -1,0 +1,126 @@
+"""The session's plan from the selected tests: which job parts they would launch, in which tier.
+
+Reads the pytest items the plugin collected (duck-typed: this module does not import pytest) and
+asks each test's planners: the `fixtures.job_part` planners of the fixtures it uses, and the
+`launches` planner of a test that launches its jobs itself. The result is a
+`plans.session_plan.SessionPlan`: the dry run prints it, ``--gpucluster-budget`` judges it, and
+results.json keeps it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pytest_gpucluster.fixtures import _params, _planned
+from pytest_gpucluster.harness import Part
+from pytest_gpucluster.plans.session_plan import PlannedJob, SessionPlan
+from pytest_gpucluster.probing import PROBE_WORK_S, all_local
+from pytest_gpucluster.profiles.findings import seconds
+from pytest_gpucluster.session import GpuClusterSession
+
+__all__ = ["PLAN_COUNT", "dry_run_lines", "item_tier", "launches", "session_plan"]
+
+PROBE_STARTUP_S = 120.0
+"""The probe's start-up in the plan's estimate, as the burn-in jobs count theirs."""
+PLAN_COUNT = "plan_count"
+"""Option of a planned part standing for that many alike jobs (never launched as such)."""
+
+
+LaunchPlanner = Callable[[GpuClusterSession, Mapping[str, Any]], list[Part]]
+"""The jobs a test launches itself (not through a `job_part`), for the plan only."""
+
+
+def launches(planner: LaunchPlanner) -> Callable[[Any], Any]:
+    """Declare what a test launches itself (``run_with_deadline``), so that the plan (the dry
+    run's table and total, ``--gpucluster-budget``) counts it before anything runs::
+
+        @launches(lambda session, params: [plans.counters_part(...)])
+        def test_counters_before(cluster, ...): ...
+
+    The planner returns `Part` s with ``shareable=False`` (each its own job); a part standing for
+    several alike jobs (the pairwise localization's pair jobs) says how many in its options under
+    :data:`PLAN_COUNT`."""
+
+    def mark(test: Any) -> Any:
+        test._gpucluster_launches = planner
+        return test
+
+    return mark
+
+
+def item_tier(item: Any) -> str:
+    """The shortest tier that runs the test (plans/tiers.py)."""
+    if item.get_closest_marker("quick") is not None:
+        return "quick"
+    if any(mark.kwargs.get("slow") for mark in item.iter_markers("burnin")):
+        return "burnin"
+    return "standard"
+
+
+def _plan_only(item: Any, session: GpuClusterSession) -> list[Part]:
+    planner = getattr(getattr(item, "function", None), "_gpucluster_launches", None)
+    return list(planner(session, _params(item)) or []) if planner is not None else []
+
+
+def session_plan(items: list[Any], session: GpuClusterSession) -> tuple[SessionPlan, list[str]]:
+    """Every job part the selected tests would launch (tests that will skip for what the session
+    lacks left out), with its tier, estimate and deadline; and ``test: error`` for each test whose
+    part could not be planned."""
+    plan, errors = SessionPlan(basis=_plan_basis(session)), []
+    if not all_local(session.hosts):
+        deadline, estimate = session.rendezvous_deadline + PROBE_WORK_S, PROBE_WORK_S + PROBE_STARTUP_S
+        why = (
+            f"job timeout {seconds(deadline)} (the rendezvous deadline of {session.available_nodes} node(s) + "
+            f"{PROBE_WORK_S:g} s of probe work; estimated run {seconds(estimate)}, from {PROBE_WORK_S:g} s of "
+            f"work + {PROBE_STARTUP_S:g} s start-up)"
+        )
+        plan.add(PlannedJob("node-probe", session.available_nodes, 1, "quick", deadline, estimate,
+                            PROBE_STARTUP_S, why=why))  # fmt: skip
+    for item in items:
+        if item.get_closest_marker("skip") or session.unmet_requirements(item):
+            continue
+        tier = item_tier(item)
+        try:
+            parts = _planned([item], session, errors) + _plan_only(item, session)
+        except Exception as exc:  # a planner's bad input: its test reports it when it runs
+            errors.append(f"{item.nodeid}: {exc}")
+            continue
+        for part in parts:
+            ranks = part.nproc_per_node or session.ranks_per_node
+            shape = (
+                json.dumps([part.nodes, ranks, dict(part.env), part.init_process_group], sort_keys=True)
+                if part.shareable
+                else ""
+            )
+            count = int(part.options.get(PLAN_COUNT, 1))
+            plan.add(PlannedJob(part.name, part.nodes, ranks, tier, part.timeout_s, part.estimate_s,
+                                part.startup_s, shape, part.deadline, count))  # fmt: skip
+    return plan, errors
+
+
+def _plan_basis(session: GpuClusterSession) -> str:
+    nodes, ranks = session.available_nodes, session.ranks_per_node
+    where = f"hostfile {session.settings.hostfile}" if session.settings.hostfile else "this machine"
+    if session.node_facts is not None:
+        return f"{nodes} node(s) x {ranks} rank(s) per node, the nodes as the probe found them"
+    why = session.not_probed or "the nodes were not probed"
+    return (
+        f"{nodes} node(s) ({where}) x {ranks} rank(s) per node from profile {session.profile.name}'s node shape: "
+        f"{why}"
+    )
+
+
+def dry_run_lines(plan: SessionPlan, errors: list[str], *, verbose: bool = False) -> list[str]:
+    """``--gpucluster-dry-run``'s plan: the table (job, nodes x ranks, tier, estimated run,
+    deadline), the session's estimated total and each tier's, what it leaves out, and the tests
+    whose part could not be planned, and why; ``verbose``: each job's deadline and estimate
+    arithmetic (`plans.deadlines`)."""
+    lines = [f"[dry run] plan for {plan.basis}"]
+    lines += [f"[dry run]   {line}" for line in plan.table()]
+    for job in plan.jobs if verbose else ():
+        why = job.why or f"job timeout {seconds(job.deadline_s)} (fixed by its test; no estimate)"
+        lines.append(f"[dry run] plan: {job.name}: {job.nodes} node(s) x {job.ranks_per_node} rank(s), {why}")
+    lines += [f"[dry run] plan: cannot plan {error}" for error in errors]
+    return lines
