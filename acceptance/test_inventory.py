@@ -18,9 +18,12 @@ from pytest_gpucluster.cluster.preflight import preflight_checks
 from pytest_gpucluster.results.model import Check, ThresholdRef
 from pytest_gpucluster.session_preflight import run_preflight
 
-pytestmark = pytest.mark.quick  # read from the per-node probe: no job of its own
+QUICK = pytest.mark.quick
+"""Read from the per-node probe, no job of their own: the quick tier's inventory (all but the node count,
+which is the cluster's, not a node's: a one-node health check would fail it)."""
 
 
+@QUICK
 def test_preflight(gpucluster_session: Any, results: Any) -> None:
     """The preflight's verdict per node (`cluster.preflight`): the NCCL interfaces and HCAs, ranks per
     node and GPUs fit what the node has. An error stops a run before any test, so this shows the
@@ -37,27 +40,32 @@ def test_preflight(gpucluster_session: Any, results: Any) -> None:
     results.check_all(preflight_checks(findings, hosts))
 
 
+@QUICK
 def test_nodes_probed(nodes: Any, results: Any) -> None:
     """Every node's probe rank answered (a node that did not is named with the job's reason)."""
     results.check_all(inventory.probe_checks(nodes))
 
 
+@QUICK
 def test_device_kind(hw: Any, nodes: Any, results: Any) -> None:
     results.check_all(inventory.cuda_checks(nodes, hw))
 
 
+@QUICK
 def test_gpu_count(hw: Any, nodes: Any, results: Any) -> None:
     if hw.cluster.device != "cuda":
         pytest.skip(f"profile {hw.name} is CPU-only (cluster.device=cpu): no GPUs to count")
     results.check_all(inventory.gpu_count_checks(nodes, hw))
 
 
+@QUICK
 def test_gpu_model(hw: Any, nodes: Any, results: Any) -> None:
     if hw.cluster.device != "cuda" or not hw.cluster.gpu_model:
         pytest.skip(f"profile {hw.name} names no GPU model (cluster.gpu_model)")
     results.check_all(inventory.gpu_model_checks(nodes, hw))
 
 
+@QUICK
 def test_same_versions(nodes: Any, results: Any) -> None:
     """Driver, CUDA driver, NCCL and torch are the same on every node."""
     checks = inventory.version_checks(nodes)
@@ -66,6 +74,7 @@ def test_same_versions(nodes: Any, results: Any) -> None:
     results.check_all(checks)
 
 
+@QUICK
 def test_fabric_ports(hw: Any, nodes: Any, results: Any) -> None:
     """Every InfiniBand/RoCE/EFA port the profile's interconnects name is ACTIVE at the line rate."""
     checks = inventory.fabric_checks(nodes, hw)
@@ -74,6 +83,7 @@ def test_fabric_ports(hw: Any, nodes: Any, results: Any) -> None:
     results.check_all(checks)
 
 
+@QUICK
 def test_no_foreign_gpu_processes(nodes: Any, results: Any) -> None:
     """No GPU is held by a process outside this run, before anything is measured on it."""
     checks = inventory.foreign_process_checks(nodes)
@@ -92,6 +102,7 @@ def test_node_count(hw: Any, gpucluster_session: Any, results: Any) -> None:
     results.check_all([Check("inventory.nodes", have, "nodes", hw.cluster.nodes, ">=", ref, hint=hint)])
 
 
+@QUICK
 def test_backend_available(hw: Any, nodes: Any, results: Any) -> None:
     """NCCL profiles: every node's torch has NCCL. Gloo profiles: this torch has gloo."""
     checks = inventory.nccl_backend_checks(nodes, hw)

@@ -260,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     from pytest_gpucluster.results.history.cli import add_history_command
 
     add_history_command(sub)
+    from pytest_gpucluster.health_check import add_health_check_command
+
+    add_health_check_command(sub)
     for register in EXTRA_COMMANDS:
         register(sub)
     return parser

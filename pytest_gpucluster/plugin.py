@@ -400,7 +400,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if _fail_closed(gc) and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if gc.settings.history is not None:
-        _history_column(gc)
+        from pytest_gpucluster.results.history.session_end import add_history_column
+
+        add_history_column(gc)
 
     failed = any(o.category != "pass" and o.outcome in ("failed", "error") for o in gc.recorder.outcomes)
     mode = "warn" if gc.settings.regression_gate == "warn" else "fail"
@@ -411,36 +413,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if finished.comparison is not None and finished.comparison.fails and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if gc.settings.history is not None:
-        gc.history_line = _append_history(gc)
+        from pytest_gpucluster.results.history.session_end import append_run
 
-
-def _history_column(gc: GpuClusterSession) -> None:
-    """Each node's failures in the store's last runs, for the report's matrix (read before this
-    run is appended); an unreadable store is said when the append fails on it too."""
-    from pytest_gpucluster.results.history.column import read_history_record
-
-    try:
-        record = read_history_record(gc.settings.history, gc.hosts)
-    except GpuClusterError:
-        return
-    if record is not None:
-        gc.recorder.header["history"] = record
-
-
-def _append_history(gc: GpuClusterSession) -> str:
-    """Append the finished run to the history store; a store that cannot take it is said, never
-    a failure of the run (its results.json stands, and `gpucluster history add` takes it later)."""
-    from pytest_gpucluster.results.history import record_run
-
-    db = gc.settings.history
-    gc.recorder.flush()
-    try:
-        return record_run(db, gc.recorder.path)
-    except GpuClusterError as exc:
-        return (
-            f"WARNING history: this run was not appended to {db}: {exc}; "
-            f"append it later with: gpucluster history add --db {db} {gc.recorder.path}"
-        )
+        gc.history_line = append_run(gc)
 
 
 def _fail_closed(gc: GpuClusterSession) -> bool:

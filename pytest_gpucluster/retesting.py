@@ -1,5 +1,6 @@
 """``--gpucluster-retest-suspects`` in a pytest session: after the main test loop, the tests whose
-findings named a node to drain run again, on those nodes only, their values recorded as retests
+findings named a node to drain run again, on those nodes only and with the next longer tier's
+durations (quick -> standard -> burnin, ``plans/tiers.py``), their values recorded as retests
 (``results/retest.py`` decides which tests and judges the two measurements); the drain list
 then keeps only the suspects the retest confirmed, and ``--gpucluster-drain`` drains them.
 
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pytest import Session
 
+    from pytest_gpucluster.plans.tiers import TierDurations
     from pytest_gpucluster.session import GpuClusterSession
 
 __all__ = ["drain_confirmed", "retest_suspects"]
@@ -44,23 +46,42 @@ def retest_suspects(session: Session, gc: GpuClusterSession) -> None:
         }
         drain_confirmed(gc, [])
         return
-    (gc.progress or print)(plan.line())
+    first_tier, longer = gc.tier, _longer_tier(gc)
+    line = plan.line()
+    if first_tier is not None and longer is not None:
+        line += f" with the {longer.tier} tier's durations (the run's: {first_tier.tier})"
+    (gc.progress or print)(line)
     items = [item for item in session.items if item.nodeid in plan.test_ids]
     gc.retest_on(plan.hosts)
     recorder.attempt = RETEST_ATTEMPT
+    gc.tier = longer
     try:
         for index, item in enumerate(items):
             following = items[index + 1] if index + 1 < len(items) else None
             item.ihook.pytest_runtest_protocol(item=item, nextitem=following)
     finally:
         recorder.attempt = 1
+        gc.tier = first_tier
         gc.retest_on(())
     confirmed = confirmed_hosts(plan, recorder.measurements, recorder.outcomes, hosts)
     rows = retest_rows(recorder.measurements, plan.hosts)
     record = retest_record(plan, rows, [i.nodeid for i in items], confirmed)
+    if longer is not None:
+        record["tier"] = longer.tier
     recorder.header["retest"] = record
     recorder.flush()
     drain_confirmed(gc, record["cleared"])
+
+
+def _longer_tier(gc: GpuClusterSession) -> TierDurations | None:
+    """The retest's durations: the next longer tier than the run's (quick -> standard -> burnin;
+    burn-in stays burn-in), from the profile's ``tiers:`` section (`plans.tiers`)."""
+    from pytest_gpucluster.plans.tiers import TIERS, tier_durations
+
+    if gc.tier is None:
+        return None
+    longer = TIERS[min(TIERS.index(gc.tier.tier) + 1, len(TIERS) - 1)]
+    return tier_durations(gc.profile.model, longer)
 
 
 def drain_confirmed(gc: GpuClusterSession, cleared: list[str]) -> None:

@@ -6,7 +6,8 @@ CPU floors, the run's findings name host vm to drain, and the test runs again on
 measurements are in results.json (the retest's as ``attempt`` 3) and in the report; the drain
 list keeps vm only if the retest confirms it. No speed is asserted: whether the unslowed retest
 passes depends on the machine's load, so the test checks that the verdict follows the retest's
-own values.
+own values. With ``--gpucluster-drain`` (a stand-in ``scontrol`` on PATH records its calls), the
+burn-in test leaves the drain to the retest, which drains vm only if it confirmed it.
 """
 
 from __future__ import annotations
@@ -17,21 +18,30 @@ import subprocess
 import sys
 from pathlib import Path
 
+from test_burnin_acceptance import FAKE_SCONTROL
+
 REPO = Path(__file__).resolve().parents[2]
 TEST = "acceptance/test_burnin.py::test_rank_health_cpu"
 
 
 def test_a_transient_slow_rank_is_retested_and_judged_on_the_retest(tmp_path):
     out = tmp_path / "run"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
+    (bin_dir / "scontrol").chmod(0o755)
+    log = tmp_path / "scontrol.log"
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("GPUCLUSTER_", "_GPUCLUSTER_", "PYTEST_"))
     }
     env.update(
         PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "data" / "history")]),
         GPUCLUSTER_TEST_SLOW_JOBS="1",
+        PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        SCONTROL_LOG=str(log),
     )
     argv = [sys.executable, "-m", "pytest", TEST, "-q", "-p", "no:cacheprovider", "-p", "slow_rank_plugin",
-            "--gpucluster-retest-suspects", f"--results-dir={out}"]  # fmt: skip
+            "--gpucluster-retest-suspects", "--gpucluster-drain", f"--results-dir={out}"]  # fmt: skip
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert "retest of suspect(s) vm: running again test_rank_health_cpu" in done.stdout, done.stdout[-3000:]
     data = json.loads((out / "results.json").read_text())
@@ -43,6 +53,8 @@ def test_a_transient_slow_rank_is_retested_and_judged_on_the_retest(tmp_path):
     assert again["attempt"] == 3  # the retest on vm
     record = data["retest"]
     assert record["suspects"] == ["vm"] and record["tests"] == [TEST]
+    assert record["tier"] == "burnin"  # the run's tier is standard: the retest takes the next longer one
+    assert "with the burnin tier's durations (the run's: standard)" in done.stdout
     retested = [m for m in data["measurements"] if m.get("attempt") == 3]
     confirmed = any(m["verdict"] == "fail" and m["labels"].get("host") == "vm" for m in retested)
     assert record["confirmed"] == (["vm"] if confirmed else [])
@@ -55,6 +67,11 @@ def test_a_transient_slow_rank_is_retested_and_judged_on_the_retest(tmp_path):
     assert first_shown(first) in row
     summary = done.stdout
     assert f"retest of suspects vm: confirmed {'vm' if confirmed else 'none'}" in summary
+    # the burn-in test did not drain before the retest; the retest drained vm only if it confirmed it
+    assert "burn-in: draining (--gpucluster-drain):" not in summary
+    calls = [c for c in (log.read_text() if log.exists() else "").split("--\n") if c.strip()]
+    assert len(calls) == (1 if confirmed else 0), calls
+    assert ("retest of suspects: draining the confirmed nodes" in summary) == confirmed
 
 
 def first_shown(m: dict) -> str:

@@ -1,0 +1,60 @@
+"""The health check's verdict (health_check.py): one line from a real run's results.json, the drain
+command as an argv list whatever the reason holds, the quick tier on this machine only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pytest_gpucluster.health_check import REASON_LIMIT, drain_argv, pytest_argv, verdict_of
+
+RUN = Path(__file__).parents[1] / "data" / "results" / "cpu_local_run.json"
+
+
+def test_a_passing_run_is_healthy():
+    results = {"outcomes": [{"test_id": "a::test_x", "outcome": "passed"}, {"outcome": "skipped"}]}
+    verdict = verdict_of(0, results, "", "gpu07")
+    assert (
+        verdict.healthy
+        and verdict.reason == "gpucluster health-check on gpu07: quick tier passed (1 test(s))"
+    )
+
+
+def test_a_failing_run_names_its_first_failure_on_one_short_line():
+    results = json.loads(RUN.read_text())
+    failed = [o for o in results["outcomes"] if o["outcome"] in ("failed", "error")]
+    if not failed:  # the recorded run passed: fail one of its tests as a sick node would
+        results["outcomes"][0] |= {
+            "outcome": "failed",
+            "message": "burnin.cpu_matmul (host=vm, rank=0):\n measured 1 GFLOP/s " * 20,
+        }
+    verdict = verdict_of(1, results, "", "vm")
+    assert not verdict.healthy
+    assert verdict.reason.startswith("gpucluster health-check on vm: ") and "\n" not in verdict.reason
+    assert len(verdict.reason) <= REASON_LIMIT
+
+
+def test_no_results_says_what_pytest_said_last():
+    verdict = verdict_of(4, None, "ERROR: gpucluster: unknown profile 'nope'\n\n", "vm")
+    assert (
+        verdict.reason
+        == "gpucluster health-check on vm: pytest exited 4: ERROR: gpucluster: unknown profile 'nope'"
+    )
+
+
+def test_the_drain_is_an_argv_list_whatever_the_reason_holds():
+    reason = "gpucluster health-check on gpu07: x; rm -rf / $(reboot) 'quoted'"
+    assert drain_argv("gpu07", reason) == [
+        "scontrol",
+        "update",
+        "nodename=gpu07",
+        "state=drain",
+        f"reason={reason}",
+    ]
+
+
+def test_the_quick_tier_runs_on_this_machine_only(tmp_path):
+    argv = pytest_argv(tmp_path / "acceptance", "h200-sxm", tmp_path / "r", ["-p", "x"])
+    assert argv[1:3] == ["-m", "pytest"] and argv[argv.index("-m", 3) + 1] == "quick"
+    assert "--launcher=torchrun" in argv and not any(a.startswith("--hostfile") for a in argv)
+    assert argv[-3:] == ["--hw=h200-sxm", "-p", "x"]
