@@ -35,8 +35,9 @@ from pytest_gpucluster.cluster.node_facts import ClusterFacts, NetLink, NodeFact
 from pytest_gpucluster.profiles.devices import same_part
 from pytest_gpucluster.profiles.nccl_env import NicSelection, nic_selection
 from pytest_gpucluster.profiles.schema import ProfileModel
+from pytest_gpucluster.results.model import Check
 
-__all__ = ["PreflightFinding", "preflight", "selects"]
+__all__ = ["PreflightFinding", "preflight", "preflight_checks", "selects"]
 
 Severity = Literal["error", "warning", "info"]
 
@@ -235,3 +236,19 @@ def preflight(
         if nccl:
             findings += _nccl_versions(node)
     return findings
+
+
+def preflight_checks(findings: Sequence[PreflightFinding], hosts: Sequence[str]) -> list[Check]:
+    """One check per judged node: its preflight errors, none allowed (the rule itself, no profile
+    key); warnings and information in the hint. A run with an error stops before its tests, so this
+    fails only in a dry run, which shows the findings and goes on."""
+    out = []
+    for host in hosts:
+        mine = [f for f in findings if f.host == host]
+        errors = [f.message for f in mine if f.severity == "error"]
+        notes = [f"{f.severity}: {f.message}" for f in mine if f.severity != "error"]
+        hint = "; ".join(errors + notes) or f"{host}: the profile's NCCL interfaces/HCAs, ranks and GPUs fit"
+        out.append(
+            Check("preflight.errors", len(errors), "findings", 0, "==", None, None, {"host": host}, hint=hint)
+        )
+    return out

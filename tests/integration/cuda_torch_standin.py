@@ -5,15 +5,21 @@ There is no CUDA build of torch on the machines the tests run on, so a node stan
 (`recorded_nodes`) lists real recorded GPUs that this torch cannot use, and every GPU test skips for
 the missing ``cuda`` capability. With this plugin the probe reports what a CUDA torch would: the
 GPUs usable, its NCCL backend present (``GPUCLUSTER_STANDIN_NCCL``, default 2.28.9, the NCCL of the
-real H200 run in shared/REFERENCE-FIGURES.md). Only the pytest process is patched, so use it with
-``--gpucluster-dry-run`` or with tests that launch nothing: a launched rank would still find no GPU.
+real H200 run in shared/REFERENCE-FIGURES.md), and the session's view of this machine
+(`profiles.detect.detect_machine`) lists the recorded GPUs as usable too. Only the pytest process
+is patched, so use it with ``--gpucluster-dry-run`` or with tests that launch nothing: a launched
+rank would still find no GPU.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
+from pytest_gpucluster import session
+from pytest_gpucluster.cluster.probe import probe_here, probe_options
+from pytest_gpucluster.profiles.detect import MachineInfo, detect_machine
 from pytest_gpucluster.workloads import node_probe
 
 
@@ -28,3 +34,13 @@ def _cuda_torch_view() -> dict[str, Any]:
 
 
 node_probe._torch_view = _cuda_torch_view
+
+
+def _cuda_machine() -> MachineInfo:
+    machine = detect_machine()
+    names = tuple(name for node in probe_here(probe_options(())).nodes for name in node.gpu_names)
+    caps = machine.capabilities | {"cuda", "nccl"} if names else machine.capabilities
+    return dataclasses.replace(machine, cuda_available=bool(names), gpu_names=names, capabilities=caps)
+
+
+session.detect_machine = _cuda_machine

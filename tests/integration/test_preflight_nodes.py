@@ -24,7 +24,8 @@ from recorded_nodes import ETH0_SYSFS, H200_1GPU_TABLE, H200_TABLE, RecordedNode
 
 REPO = Path(__file__).parents[2]
 HERE = Path(__file__).parent
-PLAN = re.compile(r"\[dry run\] plan: (?P<part>\S+): (?P<nodes>\d+) node\(s\) x (?P<ranks>\d+) rank\(s\)")
+PLAN = re.compile(r"\[dry run\]\s+(?P<part>[a-z][\w.-]+)\s+(?P<nodes>\d+) x (?P<ranks>\d+)\s")
+"""A job row of the dry run's plan table: ``[dry run]   burnin-health   1 x 8   quick ...``."""
 
 
 def _run(

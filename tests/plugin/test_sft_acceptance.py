@@ -372,6 +372,8 @@ def test_a_copied_cpu_local_with_memory_below_use_fails_naming_rank_measured_and
         )
     # Every other measurement is there with value, unit and threshold, and passed.
     others = {m["metric"]: m for m in got if m["metric"] != "sft.peak_memory"}
+    padding = others.pop("sft.padding_fraction")  # recorded beside MFU: how much of each batch was padding
+    assert padding["threshold"] is None and 0 < padding["value"] < 1 and padding["verdict"] == "info"
     assert sorted(others) == [
         "sft.loss_decreased",
         "sft.loss_finite",
