@@ -1,7 +1,7 @@
 """--gpucluster-retest-suspects on a real cpu-local run of the burn-in health test.
 
 The health job's rank 1 is slowed in the first job only (``tests/data/history/slow_rank_plugin.py``
-with ``GPUCLUSTER_TEST_SLOW_JOBS=1``: the workload's own ``slow_ranks`` option): rank 1 misses its
+with ``GPUCLUSTER_TEST_SLOW_TESTS=1``: the workload's own ``slow_ranks`` option): rank 1 misses its
 CPU floors, the run's findings name host vm to drain, and the test runs again on vm alone. Both
 measurements are in results.json (the retest's as ``attempt`` 3) and in the report; the drain
 list keeps vm only if the retest confirms it. No speed is asserted: whether the unslowed retest
@@ -36,7 +36,7 @@ def test_a_transient_slow_rank_is_retested_and_judged_on_the_retest(tmp_path):
     }
     env.update(
         PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "data" / "history")]),
-        GPUCLUSTER_TEST_SLOW_JOBS="1",
+        GPUCLUSTER_TEST_SLOW_TESTS="1",
         PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
         SCONTROL_LOG=str(log),
     )
