@@ -56,8 +56,9 @@ def test_the_dry_run_plans_the_gpu_job_with_the_cublas_workspace_and_five_dtypes
         reasons={},
     )
     use_machine(monkeypatch, gpu)
-    result = run("--hw=h200-sxm", "--gpucluster-dry-run", "-s")
+    result = run("--hw=h200-sxm", "--gpucluster-dry-run", "-s", "-v")
     out = result.stdout.str()
-    assert "plan: numerics: 1 node(s) x 8 rank(s)" in out, out
+    row = next((line for line in out.splitlines() if "numerics " in line and "1 x 8" in line), None)
+    assert row is not None, out
     assert "60 s set-up x 5 dtypes" in out
     assert "CUBLAS_WORKSPACE_CONFIG=:4096:8" in out
