@@ -87,3 +87,49 @@ def test_the_report_says_which_comparison_each_row_used(tmp_path):
     regression = next(line for line in text.splitlines() if "REGRESSION" in line and "host=n03" in line)
     assert "gpu=GPU 5" in regression and "per host" in regression
     assert "n09 is not in the baseline" in text
+
+
+def test_the_swap_on_a_real_run_fanned_out_to_8_nodes_flags_the_one_slow_gpu_per_host(tmp_path, capsys):
+    """The same swap on real values: a real cpu-local suite run (tests/data/results/cpu_local_run.json)
+    fanned out to 8 nodes x 8 ranks twice (independent ±1% noise), node008 replaced by node009 in the
+    middle of the host list, and rank 5 of the unchanged node003 at 80% of its real matmul. Gated at
+    a flat 10% (the run's own cpu-local rules allow burnin.* 60%, this VM's measured noise)."""
+    from pathlib import Path
+
+    from pytest_gpucluster.testbed.fanout import dumps, fan_out
+
+    real = json.loads((Path(__file__).parents[1] / "data" / "results" / "cpu_local_run.json").read_text())
+    old, _ = fan_out(real, 8, 8, noise=0.01, seed=1, plant=False)
+    new, _ = fan_out(real, 8, 8, noise=0.01, seed=2, plant=False)
+    slow = 0
+    for m in new["measurements"]:
+        labels = m.get("labels") or {}
+        if labels.get("host") == "node008":
+            labels["host"] = "node009"
+        if m["metric"] == "burnin.cpu_matmul" and (labels.get("host"), labels.get("gpu")) == ("node003", "5"):
+            m["value"] *= 0.8
+            if spread := m.get("spread"):
+                spread.update({k: spread[k] * 0.8 for k in ("median", "min", "max", "mad")})
+                spread["values"] = [v * 0.8 for v in spread["values"]]
+            slow += 1
+    assert slow == 1
+    hosts = ["node001", "node002", "node003", "node004", "node009", "node005", "node006", "node007"]
+    new["fingerprint"]["hosts"] = hosts
+    new["regression"]["tolerances"]["rules"] = []
+    (tmp_path / "old.json").write_text(dumps(old))
+    (tmp_path / "new.json").write_text(dumps(new))
+
+    assert (
+        main(["compare", str(tmp_path / "old.json"), str(tmp_path / "new.json"), "--max-regression", "10%"])
+        == 1
+    )
+    rows = capsys.readouterr().out.splitlines()
+    regressions = [line for line in rows if line.startswith("REGRESSION")]
+    assert len(regressions) == 1, regressions
+    assert "burnin.cpu_matmul (host=node003,rank=21,gpu=5)" in regressions[0]
+    assert regressions[0].rstrip().endswith("per host")
+    matmul = [
+        line for line in rows if line.startswith(("ok", "REGRESSION")) and "burnin.cpu_matmul (" in line
+    ]
+    assert sum(line.rstrip().endswith("per host") for line in matmul) == 56
+    assert sum(line.rstrip().endswith("new host vs baseline median") for line in matmul) == 8
