@@ -68,7 +68,7 @@ def test_the_context_puts_ranks_in_order_and_leaves_nothing_behind(monkeypatch: 
     with sides.rank_sched("quiet") as line:
         assert "SCHED_FIFO" in line
         assert os.environ["PYTHONPATH"].split(os.pathsep) == [str(RANK_SCHED), "/somewhere/else"]
-        spinners = _keep_awake_pids()
+        spinners = _keep_awake_pids(expected=len(os.sched_getaffinity(0)))
         assert len(spinners) == len(os.sched_getaffinity(0))
     assert os.environ["PYTHONPATH"] == "/somewhere/else"
     assert not [p for p in spinners if _alive(p)]
@@ -104,7 +104,16 @@ def test_a_spinner_leaves_when_its_parent_is_gone() -> None:
     assert not _alive(spinner), f"keep_awake.py (pid {spinner}) outlived its parent"
 
 
-def _keep_awake_pids() -> list[int]:
+def _keep_awake_pids(expected: int, wait_s: float = 20.0) -> list[int]:
+    """The spinners of this process, once ``expected`` of them show in /proc (a child shows its own
+    argv only once it has exec'd Python: right after Popen it may still carry the parent's)."""
+    deadline = time.monotonic() + wait_s
+    while len(pids := _keep_awake_pids_now()) < expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pids
+
+
+def _keep_awake_pids_now() -> list[int]:
     me = str(os.getpid())
     pids = []
     for entry in Path("/proc").iterdir():
