@@ -37,21 +37,12 @@ sys.path.insert(0, str(REPO))
 
 from pytest_gpucluster.results.baseline import read_results  # noqa: E402
 from pytest_gpucluster.results.report import write_reports  # noqa: E402
+from pytest_gpucluster.testbed.chromium import CHROMIUM, headless_flags  # noqa: E402
 from pytest_gpucluster.testbed.fanout import Planted, dumps, fan_out  # noqa: E402
 
 DEFAULT_RESULTS = REPO / "tests" / "data" / "results" / "cpu_local_run.json"
 LIMIT_BYTES = 50 * 2**20
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--window-size=1400,900",
-)
+CHROMIUM_FLAGS = headless_flags()
 
 
 def _mb(n: int) -> str:

@@ -22,21 +22,12 @@ with contextlib.suppress(ImportError):  # see tests/unit/test_report.py: numpy m
 
 from pytest_gpucluster.results.baseline import read_results
 from pytest_gpucluster.results.report import write_reports
+from pytest_gpucluster.testbed.chromium import CHROMIUM, headless_flags
 from pytest_gpucluster.testbed.fanout import dumps, fan_out
 
-CHROMIUM = Path("/usr/bin/chromium")
 REAL_RUN = Path(__file__).parents[1] / "data" / "results" / "cpu_local_run.json"
 WIDTH, HEIGHT = 1400, 900
-FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    f"--window-size={WIDTH},{HEIGHT}",
-)
+FLAGS = headless_flags(WIDTH, HEIGHT)
 FIRST_SCREEN_SCRIPT = """
 <script>
 (function () {
