@@ -219,13 +219,7 @@ class _Judge:
             labels={**_labels(port), "counter": change.counter},
             hint=hint,
         )
-        self.checks.append(check)
-        if check.failed:
-            self.fail(
-                port,
-                f"{change.counter} +{change.at_least} during the burn-in (allowed {allowed})",
-                change.to_json(),
-            )
+        self._judge_growth(port, change, check, allowed)
 
     def dropped(self, port: Port, change: CounterChange) -> None:
         allowed, ref = self.drop_allowance(change.counter)
@@ -239,6 +233,10 @@ class _Judge:
             labels={**_labels(port), "counter": change.counter},
             hint=f"{_where(port)}: drop counter {change.counter} {_growth(change)}; {rule}. {_advice(port, change.counter)}",
         )  # fmt: skip
+        self._judge_growth(port, change, check, allowed)
+
+    def _judge_growth(self, port: Port, change: CounterChange, check: Check, allowed: float) -> None:
+        """Record a counter's growth check; past its allowance the port fails with the growth."""
         self.checks.append(check)
         if check.failed:
             self.fail(
