@@ -40,8 +40,11 @@ SLOW = 2
 """The index of the node made slow: in round 1's second pair."""
 RATE = "100mbit"
 PAIR_OPTIONS = {"size_bytes": 1 << 20, "iters": 10}
-TOLERANCE = 1.0
-"""A pair at half the healthy busbw fails; a 100 Mbit/s link is ~40x below a veth."""
+TOLERANCE = 3.0
+"""A pair at a quarter of the healthy busbw fails. Measured on the 2-core CI VM with the other
+xdist worker (or two busy loops) beside it: a healthy pair ran 0.14-0.63 GB/s, and up to 2.2x
+slower than round 1's healthy pair within one run (CI once failed a healthy pair at 100%); the
+throttled node's pairs ran 0.0114-0.0118 GB/s, 12x below the slowest healthy pair seen."""
 
 
 @dataclass(frozen=True)
