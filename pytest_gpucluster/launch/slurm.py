@@ -63,7 +63,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 
-from pytest_gpucluster.errors import GpuClusterWarning, HostfileError, LaunchError, SettingsError
+from pytest_gpucluster.errors import GpuClusterWarning, LaunchError, SettingsError
 from pytest_gpucluster.launch.base import JobSpec, LaunchCommand, worker_argv_tail
 from pytest_gpucluster.launch.torchrun import TorchrunLauncher
 from pytest_gpucluster.workloads._runtime import JOB_ID_ENV
@@ -258,15 +258,9 @@ def allocation_hosts(
 ) -> tuple[str, ...]:
     """The allocation's nodes, in Slurm's order: ``scontrol show hostnames`` when it is on PATH
     (it knows every syntax Slurm writes), else this package's own nodelist expansion."""
-    from pytest_gpucluster.cluster.nodelist import expand_nodelist
+    from pytest_gpucluster.cluster.nodelist import allocation_nodelist, expand_nodelist
 
-    env = os.environ if environ is None else environ
-    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    if not nodelist:
-        raise HostfileError(
-            "SLURM_JOB_NODELIST is not set: this process is not inside a Slurm allocation "
-            "(run under salloc/sbatch, or give a hostfile)"
-        )
+    nodelist = allocation_nodelist(environ)
     if scontrol and shutil.which(scontrol):
         try:
             done = run([scontrol, "show", "hostnames", nodelist])
