@@ -63,6 +63,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 
+from pytest_gpucluster.cluster.ports import next_port
 from pytest_gpucluster.errors import GpuClusterWarning, LaunchError, SettingsError
 from pytest_gpucluster.launch.base import JobSpec, LaunchCommand, worker_argv_tail
 from pytest_gpucluster.launch.torchrun import TorchrunLauncher
@@ -88,12 +89,6 @@ def split_args(args: str | Sequence[str] | None, what: str = "--slurm-args") -> 
         except ValueError as exc:
             raise SettingsError(f"{what}={args!r} cannot be split into arguments: {exc}") from None
     return tuple(str(a) for a in args)
-
-
-def _default_port() -> int:
-    from pytest_gpucluster.cluster.ports import next_port
-
-    return next_port()
 
 
 class SlurmLauncher:
@@ -131,7 +126,7 @@ class SlurmLauncher:
         """Set once known (the per-node probe); None: no ``--cpus-per-task``."""
         self.cpu_bind = cpu_bind
         self.overcommit = device == "cpu" if overcommit is None else overcommit
-        self.port_picker = port_picker or _default_port
+        self.port_picker = port_picker or next_port
         self._site_gpus = any(a.split("=", 1)[0] in _SITE_GPU_FLAGS for a in self.extra_args)
         if device == "cuda" and mode == "tasks" and (why := self.per_task_binding()):
             warnings.warn(GpuClusterWarning(why), stacklevel=2)
