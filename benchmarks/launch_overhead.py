@@ -31,11 +31,10 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from ratio_stats import MedianCI
-from rounds import RoundRecord, StopRule, add_stop_options, progress_line, report_lines, run_interleaved
+from rounds import StopRule, add_stop_options, print_one_key, report_lines, run_interleaved
 from sides import REFERENCE_DIR, REPO, local_cluster, run_plain_torchrun
 
 sys.path.insert(0, str(REPO))
@@ -57,12 +56,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--nproc", type=int, default=2, help="ranks per job")
     add_stop_options(parser, max_rounds=60, max_seconds=170.0)
     return parser.parse_args(argv)
-
-
-def _progress(record: RoundRecord, cis: Mapping[str, MedianCI]) -> None:
-    ours, theirs = record.harness[KEY], record.reference[KEY]
-    measured = f"cluster.run {ours:.3f} s, torchrun {theirs:.3f} s, this round {ours / theirs:.3f}"
-    print(progress_line(record, cis, measured), flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -92,7 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"no-op job, {args.nproc} gloo ranks: cluster.run({WORKLOAD}) against plain torchrun {REFERENCE.name}"
         )
-        comparison = run_interleaved(harness, reference, rule, on_round=_progress)
+        comparison = run_interleaved(
+            harness, reference, rule, on_round=print_one_key(KEY, "cluster.run", "torchrun", digits=3)
+        )
     print()
     for line in report_lines(
         comparison, lambda _: "launch overhead, wall time", "s", "cluster.run", "torchrun"

@@ -37,6 +37,7 @@ __all__ = [
     "RoundRecord",
     "StopRule",
     "add_stop_options",
+    "print_one_key",
     "progress_line",
     "report_lines",
     "run_interleaved",
@@ -229,6 +230,22 @@ def progress_line(record: RoundRecord, cis: Mapping[str, MedianCI], measured: st
     which = "CI" if len(cis) == 1 else "widest CI"
     width = f"{which} +-{widest.relative_half_width * 100:.1f}%" if widest.has_interval else "no CI yet"
     return f"round {record.index + 1} ({first} first, {record.seconds:.0f} s): {measured}; {width}"
+
+
+def print_one_key(
+    key: str, harness_name: str, reference_name: str, *, digits: int = 4
+) -> Callable[[RoundRecord, Mapping[str, MedianCI]], None]:
+    """An ``on_round`` for a benchmark with one key: both sides' seconds and the round's ratio."""
+
+    def on_round(record: RoundRecord, cis: Mapping[str, MedianCI]) -> None:
+        ours, theirs = record.harness[key], record.reference[key]
+        measured = (
+            f"{harness_name} {ours:.{digits}f} s, {reference_name} {theirs:.{digits}f} s,"
+            f" this round {ours / theirs:.3f}"
+        )
+        print(progress_line(record, cis, measured), flush=True)
+
+    return on_round
 
 
 def report_lines(

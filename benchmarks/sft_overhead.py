@@ -50,8 +50,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ratio_stats import MedianCI, median_ci, paired_ratios
-from rounds import RoundRecord, StopRule, add_stop_options, progress_line, report_lines, run_interleaved
+from ratio_stats import median_ci, paired_ratios
+from rounds import StopRule, add_stop_options, print_one_key, report_lines, run_interleaved
 from sides import RANK_SCHED_CHOICES, REFERENCE_DIR, REPO, local_cluster, rank_sched, run_plain_torchrun
 
 sys.path.insert(0, str(REPO))
@@ -181,12 +181,6 @@ class Reference:
         return {KEY: max(statistics.median(times) for times in record["step_times_by_rank"])}
 
 
-def _progress(record: RoundRecord, cis: Mapping[str, MedianCI]) -> None:
-    ours, theirs = record.harness[KEY], record.reference[KEY]
-    measured = f"harness {ours:.4f} s, reference {theirs:.4f} s, this round {ours / theirs:.3f}"
-    print(progress_line(record, cis, measured), flush=True)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     options, case, backend, nproc = harness_options(args)
@@ -204,7 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
         print(sched_line, flush=True)
-        comparison = run_interleaved(harness, reference, rule, on_round=_progress, warmup_rounds=1)
+        comparison = run_interleaved(
+            harness, reference, rule, on_round=print_one_key(KEY, "harness", "reference"), warmup_rounds=1
+        )
     if harness.params != reference.params:
         raise SystemExit(
             f"the two sides trained different models ({sorted(harness.params)} against"

@@ -324,6 +324,18 @@ def test_a_progress_line_names_the_first_side_and_the_widest_interval() -> None:
     assert rounds.progress_line(record, {"a": narrow}, "x").endswith("; CI +-1.0%")
 
 
+def test_a_one_key_benchmark_prints_both_sides_and_the_rounds_ratio(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    record = rounds.RoundRecord(1, False, {"step time": 0.5}, {"step time": 0.4}, 3.0)
+    rounds.print_one_key("step time", "cluster.run", "torchrun", digits=3)(
+        record, {"step time": ratio_stats.median_ci([1.25])}
+    )
+    assert capsys.readouterr().out == (
+        "round 2 (reference first, 3 s): cluster.run 0.500 s, torchrun 0.400 s, this round 1.250; no CI yet\n"
+    )
+
+
 # --- the references -----------------------------------------------------------------------------
 
 
