@@ -50,8 +50,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ratio_stats import MedianCI, median_ci, paired_ratios
-from rounds import RoundRecord, StopRule, report_lines, run_interleaved
+from ratio_stats import median_ci, paired_ratios
+from rounds import StopRule, add_stop_options, print_one_key, report_lines, run_interleaved
 from sides import RANK_SCHED_CHOICES, REFERENCE_DIR, REPO, local_cluster, rank_sched, run_plain_torchrun
 
 sys.path.insert(0, str(REPO))
@@ -91,10 +91,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         choices=("eager", "sdpa", "flash_attention_2"),
         help="instead of the case's",
     )
-    parser.add_argument("--tolerance", type=float, default=0.02)
-    parser.add_argument("--min-rounds", type=int, default=6)
-    parser.add_argument("--max-rounds", type=int, default=30)
-    parser.add_argument("--max-seconds", type=float, default=175.0)
+    add_stop_options(parser, max_rounds=30, max_seconds=175.0)
     parser.add_argument(
         "--warmup-rounds",
         type=int,
@@ -194,22 +191,10 @@ class Reference:
         return {KEY: max(statistics.median(times) for times in record["step_times_by_rank"])}
 
 
-def _progress(record: RoundRecord, cis: Mapping[str, MedianCI]) -> None:
-    first = "harness" if record.harness_first else "reference"
-    ci = cis[KEY]
-    width = f"CI +-{ci.relative_half_width * 100:.1f}%" if ci.has_interval else "no CI yet"
-    print(
-        f"round {record.index + 1} ({first} first, {record.seconds:.0f} s): harness {record.harness[KEY]:.4f} s,"
-        f" reference {record.reference[KEY]:.4f} s, this round {record.harness[KEY] / record.reference[KEY]:.3f};"
-        f" {width}",
-        flush=True,
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     options, case, backend, nproc = harness_options(args)
-    rule = StopRule(args.tolerance, 0.95, args.min_rounds, args.max_rounds, args.max_seconds)
+    rule = StopRule.from_args(args)
     sched = rank_sched(args.rank_sched)
     with sched as sched_line, tempfile.TemporaryDirectory(prefix="sft-overhead-") as tmp:
         harness = Harness(options, backend, nproc, Path(tmp) / "jobs")
@@ -224,7 +209,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(sched_line, flush=True)
         comparison = run_interleaved(
-            harness, reference, rule, on_round=_progress, warmup_rounds=args.warmup_rounds
+            harness,
+            reference,
+            rule,
+            on_round=print_one_key(KEY, "harness", "reference"),
+            warmup_rounds=args.warmup_rounds,
         )
     if harness.params != reference.params:
         raise SystemExit(
