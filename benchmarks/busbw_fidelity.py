@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from ratio_stats import MedianCI, median_ci, paired_ratios
-from rounds import RoundRecord, StopRule, report_lines, run_interleaved
+from rounds import RoundRecord, StopRule, add_stop_options, progress_line, report_lines, run_interleaved
 from sides import RANK_SCHED_CHOICES, REFERENCE_DIR, REPO, local_cluster, rank_sched, run_plain_torchrun
 
 sys.path.insert(0, str(REPO))
@@ -125,10 +125,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="how both sides' ranks are scheduled (default quiet on CPU, none with --nccl-tests)",
     )
-    parser.add_argument("--tolerance", type=float, default=0.02)
-    parser.add_argument("--min-rounds", type=int, default=6)
-    parser.add_argument("--max-rounds", type=int, default=40)
-    parser.add_argument("--max-seconds", type=float, default=170.0)
+    add_stop_options(parser, max_rounds=40, max_seconds=170.0)
     return parser.parse_args(argv)
 
 
@@ -309,14 +306,8 @@ def nccl_tests_binaries(directory: Path, collectives: Sequence[str]) -> dict[str
 
 
 def _progress(record: RoundRecord, cis: Mapping[str, MedianCI]) -> None:
-    first = "harness" if record.harness_first else "reference"
-    worst = max(cis.values(), key=lambda c: c.relative_half_width)
-    width = "no CI yet" if not worst.has_interval else f"widest CI +-{worst.relative_half_width * 100:.1f}%"
     ratios = " ".join(f"{record.harness[k] / record.reference[k]:.3f}" for k in record.harness)
-    print(
-        f"round {record.index + 1} ({first} first, {record.seconds:.0f} s): per-key ratios {ratios}; {width}",
-        flush=True,
-    )
+    print(progress_line(record, cis, f"per-key ratios {ratios}"), flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -328,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         covered = COLLECTIVES if nccl else SEED_COLLECTIVES
         raise SystemExit(f"--collectives: {unknown} not covered here; choose from {', '.join(covered)}")
     sizes, factor = size_grid(args.sizes or ("64M,256M,1G" if nccl else "4M,16M,64M"))
-    rule = StopRule(args.tolerance, 0.95, args.min_rounds, args.max_rounds, args.max_seconds)
+    rule = StopRule.from_args(args)
     if nccl and args.control:
         raise SystemExit(
             "--control runs the seed reference against itself; it does not combine with --nccl-tests"

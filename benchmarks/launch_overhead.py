@@ -31,11 +31,10 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from ratio_stats import MedianCI
-from rounds import RoundRecord, StopRule, report_lines, run_interleaved
+from rounds import StopRule, add_stop_options, print_one_key, report_lines, run_interleaved
 from sides import REFERENCE_DIR, REPO, local_cluster, run_plain_torchrun
 
 sys.path.insert(0, str(REPO))
@@ -55,28 +54,13 @@ def children_cpu_s() -> float:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=2, help="ranks per job")
-    parser.add_argument("--tolerance", type=float, default=0.02)
-    parser.add_argument("--min-rounds", type=int, default=6)
-    parser.add_argument("--max-rounds", type=int, default=60)
-    parser.add_argument("--max-seconds", type=float, default=170.0)
+    add_stop_options(parser, max_rounds=60, max_seconds=170.0)
     return parser.parse_args(argv)
-
-
-def _progress(record: RoundRecord, cis: Mapping[str, MedianCI]) -> None:
-    first = "harness" if record.harness_first else "reference"
-    ci = cis[KEY]
-    width = f"CI +-{ci.relative_half_width * 100:.1f}%" if ci.has_interval else "no CI yet"
-    print(
-        f"round {record.index + 1} ({first} first): cluster.run {record.harness[KEY]:.3f} s,"
-        f" torchrun {record.reference[KEY]:.3f} s, this round {record.harness[KEY] / record.reference[KEY]:.3f};"
-        f" {width}",
-        flush=True,
-    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    rule = StopRule(args.tolerance, 0.95, args.min_rounds, args.max_rounds, args.max_seconds)
+    rule = StopRule.from_args(args)
     with tempfile.TemporaryDirectory(prefix="launch-overhead-") as tmp:
         cluster = local_cluster(args.nproc, "gloo", Path(tmp))
         cpu: dict[str, list[float]] = {"harness": [], "reference": []}
@@ -101,7 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"no-op job, {args.nproc} gloo ranks: cluster.run({WORKLOAD}) against plain torchrun {REFERENCE.name}"
         )
-        comparison = run_interleaved(harness, reference, rule, on_round=_progress)
+        comparison = run_interleaved(
+            harness, reference, rule, on_round=print_one_key(KEY, "cluster.run", "torchrun", digits=3)
+        )
     print()
     for line in report_lines(
         comparison, lambda _: "launch overhead, wall time", "s", "cluster.run", "torchrun"

@@ -25,13 +25,23 @@ Pure standard library plus :mod:`ratio_stats`; the clock is a parameter so tests
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ratio_stats import MedianCI, ci_line, median_ci, paired_ratios, ratio_line
 
-__all__ = ["Comparison", "RoundRecord", "StopRule", "report_lines", "run_interleaved"]
+__all__ = [
+    "Comparison",
+    "RoundRecord",
+    "StopRule",
+    "add_stop_options",
+    "print_one_key",
+    "progress_line",
+    "report_lines",
+    "run_interleaved",
+]
 
 Side = Callable[..., Mapping[str, float]]
 """One side of a round: run it once, return its value per comparison key. Called with no
@@ -57,6 +67,23 @@ class StopRule:
             )
         if self.max_seconds <= 0:
             raise ValueError(f"max_seconds must be positive, got {self.max_seconds!r}")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> StopRule:
+        """The rule of the options `add_stop_options` added, at 95% confidence."""
+        return cls(args.tolerance, 0.95, args.min_rounds, args.max_rounds, args.max_seconds)
+
+
+def add_stop_options(parser: argparse.ArgumentParser, *, max_rounds: int, max_seconds: float) -> None:
+    """A benchmark's ``--tolerance``, ``--min-rounds``, ``--max-rounds`` and ``--max-seconds``
+    (its own limits as defaults), read back by `StopRule.from_args`."""
+    rule = StopRule()
+    parser.add_argument(
+        "--tolerance", type=float, default=rule.tolerance, help="stop once every CI is this close"
+    )
+    parser.add_argument("--min-rounds", type=int, default=rule.min_rounds)
+    parser.add_argument("--max-rounds", type=int, default=max_rounds)
+    parser.add_argument("--max-seconds", type=float, default=max_seconds, help="the time budget")
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +220,32 @@ def _stop_reason(
             f" (--max-seconds) before every CI came within +-{rule.tolerance * 100:g}%"
         )
     return ""
+
+
+def progress_line(record: RoundRecord, cis: Mapping[str, MedianCI], measured: str) -> str:
+    """One round as the benchmarks print it: which side went first, how long it took, what it
+    ``measured`` (the caller's words and numbers), and the widest interval so far."""
+    first = "harness" if record.harness_first else "reference"
+    widest = max(cis.values(), key=lambda ci: ci.relative_half_width)
+    which = "CI" if len(cis) == 1 else "widest CI"
+    width = f"{which} +-{widest.relative_half_width * 100:.1f}%" if widest.has_interval else "no CI yet"
+    return f"round {record.index + 1} ({first} first, {record.seconds:.0f} s): {measured}; {width}"
+
+
+def print_one_key(
+    key: str, harness_name: str, reference_name: str, *, digits: int = 4
+) -> Callable[[RoundRecord, Mapping[str, MedianCI]], None]:
+    """An ``on_round`` for a benchmark with one key: both sides' seconds and the round's ratio."""
+
+    def on_round(record: RoundRecord, cis: Mapping[str, MedianCI]) -> None:
+        ours, theirs = record.harness[key], record.reference[key]
+        measured = (
+            f"{harness_name} {ours:.{digits}f} s, {reference_name} {theirs:.{digits}f} s,"
+            f" this round {ours / theirs:.3f}"
+        )
+        print(progress_line(record, cis, measured), flush=True)
+
+    return on_round
 
 
 def report_lines(

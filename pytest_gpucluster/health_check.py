@@ -6,9 +6,10 @@ inside an allocation, whose other nodes are not this check's business), reads th
 results.json and exits 0 when every quick check passed, 1 with one line naming the first failure
 otherwise (a preflight that stops the run, a job that cannot start, are failures of the node too;
 2 only when there is no suite to run). With
-``--drain`` a failing node is drained through ``scontrol update nodename=<node> state=drain
-reason=<the line>``, an argv list (never a shell string: the reason holds measured text). The node
-is ``--node``, else ``SLURMD_NODENAME`` (set for prologs and the health check), else the short
+``--drain`` a failing node is drained through ``scontrol update NodeName=<node> State=DRAIN
+Reason=<the line>``, the argv list of `burnin.drain.drain_argv` (never a shell string: the reason
+holds measured text; a node name that would name several nodes is refused). The node is
+``--node``, else ``SLURMD_NODENAME`` (set for prologs and the health check), else the short
 hostname. Slurm configuration: the README's *Node health check*.
 """
 
@@ -25,10 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HealthVerdict", "add_health_check_command", "drain_argv", "pytest_argv", "verdict_of"]
+from pytest_gpucluster.burnin.drain import MAX_REASON, drain_argv, slurm_reason
+from pytest_gpucluster.errors import GpuClusterError
 
-REASON_LIMIT = 200
-"""Slurm keeps a node's reason as one line; long ones only clutter ``sinfo -R``."""
+__all__ = ["HealthVerdict", "add_health_check_command", "pytest_argv", "verdict_of"]
+
+REASON_LIMIT = MAX_REASON
+"""The verdict line is the drain reason: one line, as long as Slurm's reason is kept."""
 DEFAULT_TIMEOUT_S = 1800.0
 
 
@@ -70,17 +74,7 @@ def verdict_of(exit_code: int, results: dict[str, Any] | None, output: str, node
     else:
         last = next((ln.strip() for ln in reversed(output.splitlines()) if ln.strip()), "no output")
         line = f"gpucluster health-check on {node}: pytest exited {exit_code}: {last}"
-    return HealthVerdict(False, _one_line(line))
-
-
-def _one_line(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= REASON_LIMIT else text[: REASON_LIMIT - 3] + "..."
-
-
-def drain_argv(node: str, reason: str) -> list[str]:
-    """``scontrol update`` draining ``node`` with ``reason``: one argv element each, no shell."""
-    return ["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}"]
+    return HealthVerdict(False, slurm_reason(line))
 
 
 def node_name(explicit: str | None) -> str:
@@ -103,7 +97,7 @@ def run_health_check(args: argparse.Namespace) -> int:
                 argv, capture_output=True, text=True, timeout=args.timeout, env=env, check=False
             )
         except subprocess.TimeoutExpired:
-            verdict = HealthVerdict(False, _one_line(
+            verdict = HealthVerdict(False, slurm_reason(
                 f"gpucluster health-check on {node}: the quick tier did not finish in {args.timeout:g} s"))  # fmt: skip
         else:
             results_file = results_dir / "results.json"
@@ -115,9 +109,12 @@ def run_health_check(args: argparse.Namespace) -> int:
     if verdict.healthy:
         return 0
     if args.drain:
-        drained = subprocess.run(
-            drain_argv(node, verdict.reason), capture_output=True, text=True, check=False
-        )
+        try:  # the verdict line already says who drains: no burn-in prefix
+            argv = drain_argv(node, verdict.reason, prefix="")
+        except GpuClusterError as exc:
+            print(f"gpucluster health-check: not drained: {exc}", file=sys.stderr)
+            return 1
+        drained = subprocess.run(argv, capture_output=True, text=True, check=False)
         if drained.returncode != 0:
             print(f"gpucluster health-check: scontrol could not drain {node}: "
                   f"{(drained.stderr or drained.stdout).strip()}", file=sys.stderr)  # fmt: skip

@@ -44,6 +44,7 @@ __all__ = [
     "listed_drain_commands",
     "read_suspects",
     "run_drain",
+    "slurm_reason",
     "write_findings",
     "write_suspects",
 ]
@@ -140,11 +141,20 @@ def _check_node_name(node: str) -> str:
     return node
 
 
-def drain_argv(node: str, reason: str) -> list[str]:
-    """``["scontrol", "update", "NodeName=<node>", "State=DRAIN", "Reason=<reason>"]``."""
-    text = " ".join((REASON_PREFIX + reason).split())  # one line: newlines would end the reason
-    if len(text) > MAX_REASON:
-        text = text[: MAX_REASON - 3] + "..."
+def slurm_reason(text: str) -> str:
+    """``text`` as Slurm keeps a node's reason: one line (a newline would end it), white space
+    folded, cut to `MAX_REASON` characters with ``...``."""
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
+
+
+def drain_argv(node: str, reason: str, *, prefix: str = REASON_PREFIX) -> list[str]:
+    """``["scontrol", "update", "NodeName=<node>", "State=DRAIN", "Reason=<prefix><reason>"]``.
+
+    ``prefix`` says who drained the node; ``gpucluster health-check`` passes ``""`` because its
+    reason line already starts with ``gpucluster health-check on <node>:``.
+    """
+    text = slurm_reason(prefix + reason)
     return ["scontrol", "update", f"NodeName={_check_node_name(node)}", "State=DRAIN", f"Reason={text}"]
 
 

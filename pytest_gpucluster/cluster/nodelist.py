@@ -11,13 +11,14 @@ kept, like ``scontrol show hostnames``. Pure functions; standard library only.
 from __future__ import annotations
 
 import itertools
+import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from pytest_gpucluster.cluster.hostfile import hostname_problem
 from pytest_gpucluster.errors import HostfileError
 
-__all__ = ["MAX_HOSTS", "compress_nodelist", "expand_nodelist"]
+__all__ = ["MAX_HOSTS", "allocation_nodelist", "compress_nodelist", "expand_nodelist"]
 
 MAX_HOSTS = 100_000
 """Refuse expansions beyond this: ``node[0-99999999]`` is a typo, not a cluster."""
@@ -91,6 +92,19 @@ def _expand_term(term: str, expr: str) -> list[str]:
         else:
             choices.append([part])
     return ["".join(combo) for combo in itertools.product(*choices)]
+
+
+def allocation_nodelist(environ: Mapping[str, str] | None = None) -> str:
+    """The nodelist of the Slurm allocation this process runs in (``SLURM_JOB_NODELIST``, or the
+    older ``SLURM_NODELIST``), unexpanded; a `HostfileError` outside an allocation."""
+    env = os.environ if environ is None else environ
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodelist:
+        raise HostfileError(
+            "SLURM_JOB_NODELIST is not set: this process is not inside a Slurm allocation "
+            "(run under salloc/sbatch, or give a hostfile)"
+        )
+    return nodelist
 
 
 def expand_nodelist(expr: str) -> list[str]:

@@ -120,16 +120,10 @@ class ClusterSpec:
     ) -> ClusterSpec:
         """The allocation this process runs in: ``SLURM_JOB_NODELIST``, ranks per node from
         ``SLURM_GPUS_ON_NODE`` (GPU jobs) or ``SLURM_NTASKS_PER_NODE`` / ``SLURM_TASKS_PER_NODE``."""
-        from pytest_gpucluster.cluster.nodelist import expand_nodelist
+        from pytest_gpucluster.cluster.nodelist import allocation_nodelist, expand_nodelist
 
         env = os.environ if environ is None else environ
-        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-        if not nodelist:
-            raise HostfileError(
-                "SLURM_JOB_NODELIST is not set: this process is not inside a Slurm allocation "
-                "(run under salloc/sbatch, or give a hostfile)"
-            )
-        hosts = expand_nodelist(nodelist)
+        hosts = expand_nodelist(allocation_nodelist(env))
         gpus = _leading_int(env.get("SLURM_GPUS_ON_NODE"), "SLURM_GPUS_ON_NODE")
         tasks = _leading_int(
             env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE"), "SLURM_NTASKS_PER_NODE"

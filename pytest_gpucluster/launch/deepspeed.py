@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pytest_gpucluster.cluster.hostfile import to_deepspeed
+from pytest_gpucluster.cluster.ports import next_port
 from pytest_gpucluster.errors import SettingsError
 from pytest_gpucluster.launch.base import JobSpec, LaunchCommand, worker_argv_tail
 from pytest_gpucluster.launch.mpi import job_hostfile, master_addr
@@ -43,12 +44,6 @@ HOSTFILE_NAME = "hostfile.deepspeed"
 ENV_FILE_NAME = "deepspeed.env"
 MULTINODE_LAUNCHERS = ("pdsh", "openmpi", "mvapich", "mpich", "impi", "slurm")
 _MPI_RUNNERS = ("openmpi", "mvapich", "mpich", "impi")
-
-
-def _default_port() -> int:
-    from pytest_gpucluster.cluster.ports import next_port
-
-    return next_port()
 
 
 class DeepSpeedLauncher:
@@ -81,7 +76,7 @@ class DeepSpeedLauncher:
             )
         self.multinode_launcher = chosen or multinode_launcher
         self._site_chose = chosen is not None
-        self.port_picker = port_picker or _default_port
+        self.port_picker = port_picker or next_port
 
     def available(self) -> str | None:
         if importlib.util.find_spec("deepspeed") is None:

@@ -30,7 +30,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pytest_gpucluster.launch.reaper import is_zombie, process_start_ticks, terminate_job
+from pytest_gpucluster.launch.reaper import (
+    is_zombie,
+    proc_pids,
+    process_start_ticks,
+    read_proc_file,
+    terminate_job,
+)
 from pytest_gpucluster.workloads._runtime import JOB_ID_ENV, SESSION_ENV
 
 __all__ = [
@@ -137,47 +143,37 @@ class NodeScan:
         )
 
 
-def _environ(pid: str, proc: str) -> dict[bytes, bytes] | None:
-    try:
-        with open(f"{proc}/{pid}/environ", "rb") as handle:
-            raw = handle.read()
-    except OSError:
+def _environ(pid: int, proc: str) -> dict[bytes, bytes] | None:
+    raw = read_proc_file(pid, "environ", proc)
+    if raw is None:
         return None
     return dict(item.partition(b"=")[::2] for item in raw.split(b"\0") if item)
 
 
-def _command(pid: str, proc: str) -> str:
-    try:
-        with open(f"{proc}/{pid}/cmdline", "rb") as handle:
-            args = handle.read().rstrip(b"\0").split(b"\0")
-    except OSError:
+def _command(pid: int, proc: str) -> str:
+    raw = read_proc_file(pid, "cmdline", proc)
+    if raw is None:
         return "?"
-    line = " ".join(a.decode("utf-8", errors="replace") for a in args)
+    line = " ".join(a.decode("utf-8", errors="replace") for a in raw.rstrip(b"\0").split(b"\0"))
     return line if len(line) <= 200 else line[:197] + "..."
 
 
 def job_processes(proc: str = "/proc") -> list[JobProcess]:
     """Every live process here whose environment carries a job id (never this one)."""
     found = []
-    me = str(os.getpid())
+    me = os.getpid()
     key, session_key = JOB_ID_ENV.encode(), SESSION_ENV.encode()
-    try:
-        entries = sorted(os.listdir(proc), key=lambda e: (len(e), e))
-    except OSError:  # no /proc: nothing can be found (and nothing was launched by this package)
-        return []
-    for entry in entries:
-        if not entry.isdigit() or entry == me:
-            continue
-        env = _environ(entry, proc)
-        if not env or key not in env or is_zombie(int(entry), proc):
+    for pid in proc_pids(proc):  # no /proc: nothing can be found (and nothing was launched by us)
+        env = _environ(pid, proc) if pid != me else None
+        if not env or key not in env or is_zombie(pid, proc):
             continue
         session = env.get(session_key)
         found.append(
             JobProcess(
-                pid=int(entry),
+                pid=pid,
                 job_id=env[key].decode("utf-8", errors="replace"),
                 session=session.decode("utf-8", errors="replace") if session is not None else None,
-                command=_command(entry, proc),
+                command=_command(pid, proc),
             )
         )
     return found
@@ -193,21 +189,13 @@ def deepspeed_segments(shm: str = SHM_DIR, proc: str = "/proc") -> list[ShmSegme
         return []
     mapped: dict[str, list[int]] = {str(p): [] for p in paths}
     needles = {str(p): str(p).encode() for p in paths}
-    try:
-        entries = os.listdir(proc)
-    except OSError:
-        entries = []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"{proc}/{entry}/maps", "rb") as handle:
-                maps = handle.read()
-        except OSError:
+    for pid in proc_pids(proc):
+        maps = read_proc_file(pid, "maps", proc)
+        if maps is None:
             continue
         for path, needle in needles.items():
             if needle in maps:
-                mapped[path].append(int(entry))
+                mapped[path].append(pid)
     segments = []
     for path in paths:
         try:

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from pytest_gpucluster.cluster.hostfile import HostEntry, Hostfile, to_openmpi
+from pytest_gpucluster.cluster.ports import next_port
 from pytest_gpucluster.errors import SettingsError
 from pytest_gpucluster.launch.base import JobSpec, LaunchCommand, is_local_host, worker_argv_tail
 from pytest_gpucluster.launch.slurm import split_args
@@ -39,12 +40,6 @@ from pytest_gpucluster.launch.slurm import split_args
 __all__ = ["HOSTFILE_NAME", "MpirunLauncher", "job_hostfile", "master_addr", "nccl_tests_argv"]
 
 HOSTFILE_NAME = "hostfile.openmpi"
-
-
-def _default_port() -> int:
-    from pytest_gpucluster.cluster.ports import next_port
-
-    return next_port()
 
 
 def _is_root() -> bool:
@@ -94,7 +89,7 @@ class MpirunLauncher:
         self.mpirun = mpirun
         self.allow_run_as_root = _is_root() if allow_run_as_root is None else allow_run_as_root
         self.oversubscribe = oversubscribe
-        self.port_picker = port_picker or _default_port
+        self.port_picker = port_picker or next_port
 
     def available(self) -> str | None:
         path = shutil.which(self.mpirun)

@@ -25,31 +25,55 @@ from collections.abc import Sequence
 
 from pytest_gpucluster.workloads._runtime import JOB_ID_ENV
 
-__all__ = ["find_job_pids", "process_start_ticks", "reap_argv", "terminate_job"]
+__all__ = [
+    "find_job_pids",
+    "proc_pids",
+    "process_start_ticks",
+    "read_proc_file",
+    "reap_argv",
+    "terminate_job",
+]
 
 WORKER_MODULE = "pytest_gpucluster.workloads._worker"
 POLL_S = 0.05
 
 
-def is_zombie(pid: int, proc: str) -> bool:
+def proc_pids(proc: str = "/proc") -> list[int]:
+    """Every pid in ``proc``, in order; none where there is no /proc."""
     try:
-        with open(f"{proc}/{pid}/stat", "rb") as handle:
-            stat = handle.read()
+        entries = os.listdir(proc)
     except OSError:
-        return True
-    # The state follows the parenthesised command name, which may itself contain ") ".
-    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"Z", b"X")
+        return []
+    return sorted(int(entry) for entry in entries if entry.isdigit())
+
+
+def read_proc_file(pid: int, name: str, proc: str = "/proc") -> bytes | None:
+    """``/proc/<pid>/<name>``; None once the process is gone, or where it is not ours to read."""
+    try:
+        with open(f"{proc}/{pid}/{name}", "rb") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def _stat_fields(pid: int, proc: str) -> list[bytes] | None:
+    """The fields of /proc/<pid>/stat from the state on (field 3), or None if there is no process."""
+    stat = read_proc_file(pid, "stat", proc)
+    if stat is None:
+        return None
+    # They follow the parenthesised command name, which may itself contain ") ".
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
+def is_zombie(pid: int, proc: str) -> bool:
+    fields = _stat_fields(pid, proc)
+    return fields is None or (bool(fields) and fields[0] in (b"Z", b"X"))
 
 
 def process_start_ticks(pid: int, proc: str = "/proc") -> int | None:
     """When ``pid`` started (field 22 of /proc/<pid>/stat, clock ticks since boot): a pid and
     its start time name one process, even after the pid is reused. None if there is none."""
-    try:
-        with open(f"{proc}/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2 :].split()
+    fields = _stat_fields(pid, proc) or []
     return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
 
 
@@ -58,30 +82,19 @@ def find_job_pids(job_id: str, proc: str = "/proc") -> list[int]:
     needle = f"{JOB_ID_ENV}={job_id}".encode()
     me = os.getpid()
     found = []
-    try:
-        entries = os.listdir(proc)
-    except OSError:
-        return []
-    for entry in entries:
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            with open(f"{proc}/{entry}/environ", "rb") as handle:
-                environ = handle.read()
-        except OSError:
-            continue
-        if needle in environ.split(b"\0") and not is_zombie(int(entry), proc):
-            found.append(int(entry))
-    return sorted(found)
+    for pid in proc_pids(proc):
+        environ = read_proc_file(pid, "environ", proc) if pid != me else None
+        if environ is not None and needle in environ.split(b"\0") and not is_zombie(pid, proc):
+            found.append(pid)
+    return found
 
 
 def _is_worker(pid: int, proc: str = "/proc") -> bool:
     """A rank process (the agent's own argv names the worker module too, but it is no rank)."""
-    try:
-        with open(f"{proc}/{pid}/cmdline", "rb") as handle:
-            args = handle.read().split(b"\0")
-    except OSError:
+    cmdline = read_proc_file(pid, "cmdline", proc)
+    if cmdline is None:
         return False
+    args = cmdline.split(b"\0")
     # Only a process started as `python -m <worker>` is a rank: agents and engine front ends
     # (torchrun, srun, mpirun, the DeepSpeed runner) name the worker module further down their
     # argv, and SIGUSR1 would kill them instead of dumping a stack.

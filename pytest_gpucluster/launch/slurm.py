@@ -63,7 +63,8 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 
-from pytest_gpucluster.errors import GpuClusterWarning, HostfileError, LaunchError, SettingsError
+from pytest_gpucluster.cluster.ports import next_port
+from pytest_gpucluster.errors import GpuClusterWarning, LaunchError, SettingsError
 from pytest_gpucluster.launch.base import JobSpec, LaunchCommand, worker_argv_tail
 from pytest_gpucluster.launch.torchrun import TorchrunLauncher
 from pytest_gpucluster.workloads._runtime import JOB_ID_ENV
@@ -88,12 +89,6 @@ def split_args(args: str | Sequence[str] | None, what: str = "--slurm-args") -> 
         except ValueError as exc:
             raise SettingsError(f"{what}={args!r} cannot be split into arguments: {exc}") from None
     return tuple(str(a) for a in args)
-
-
-def _default_port() -> int:
-    from pytest_gpucluster.cluster.ports import next_port
-
-    return next_port()
 
 
 class SlurmLauncher:
@@ -131,7 +126,7 @@ class SlurmLauncher:
         """Set once known (the per-node probe); None: no ``--cpus-per-task``."""
         self.cpu_bind = cpu_bind
         self.overcommit = device == "cpu" if overcommit is None else overcommit
-        self.port_picker = port_picker or _default_port
+        self.port_picker = port_picker or next_port
         self._site_gpus = any(a.split("=", 1)[0] in _SITE_GPU_FLAGS for a in self.extra_args)
         if device == "cuda" and mode == "tasks" and (why := self.per_task_binding()):
             warnings.warn(GpuClusterWarning(why), stacklevel=2)
@@ -258,15 +253,9 @@ def allocation_hosts(
 ) -> tuple[str, ...]:
     """The allocation's nodes, in Slurm's order: ``scontrol show hostnames`` when it is on PATH
     (it knows every syntax Slurm writes), else this package's own nodelist expansion."""
-    from pytest_gpucluster.cluster.nodelist import expand_nodelist
+    from pytest_gpucluster.cluster.nodelist import allocation_nodelist, expand_nodelist
 
-    env = os.environ if environ is None else environ
-    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    if not nodelist:
-        raise HostfileError(
-            "SLURM_JOB_NODELIST is not set: this process is not inside a Slurm allocation "
-            "(run under salloc/sbatch, or give a hostfile)"
-        )
+    nodelist = allocation_nodelist(environ)
     if scontrol and shutil.which(scontrol):
         try:
             done = run([scontrol, "show", "hostnames", nodelist])

@@ -25,7 +25,6 @@ __all__ = [
     "busbw",
     "mfu",
     "scaling_efficiency",
-    "shape_for",
     "step_model_flops",
     "summarize",
 ]
@@ -240,18 +239,6 @@ KNOWN_SHAPES: dict[str, TransformerShape] = {
     "llama3-8b": TransformerShape(4096, 32, 32, 8, 14336, 128256, 8192),
     "llama3-70b": TransformerShape(8192, 80, 64, 8, 28672, 128256, 8192),
 }
-
-
-def shape_for(name: str) -> TransformerShape:
-    """The shape of a model by name (``llama2-70b``...); ValueError lists the known names."""
-    key = name.strip().lower().replace("_", "-")
-    try:
-        return KNOWN_SHAPES[key]
-    except KeyError:
-        raise ValueError(
-            f"unknown model {name!r}; known models: {', '.join(KNOWN_SHAPES)}"
-            " (or build a TransformerShape from the model's config.json)"
-        ) from None
 
 
 def mfu(tokens_per_s_per_device: float, flops_per_token: float, peak_flops: float) -> float:

@@ -94,14 +94,16 @@ class RankIdentity:
     node_rank: int
     host: str
 
-    @classmethod
-    def from_environ(cls, environ: dict[str, str] | None = None) -> RankIdentity:
+    @staticmethod
+    def from_environ(environ: dict[str, str] | None = None) -> RankIdentity:
+        """The identity the launcher gave this process; always a `RankIdentity` (a `RankContext`
+        also needs what only the worker knows)."""
         env = dict(os.environ if environ is None else environ)
         host = socket.gethostname()
         if "RANK" in env and "WORLD_SIZE" in env:  # torchrun, DeepSpeed launcher
             local_world = int(env.get("LOCAL_WORLD_SIZE", env.get("LOCAL_SIZE", "1")))
             rank = int(env["RANK"])
-            return cls(
+            return RankIdentity(
                 rank=rank,
                 world_size=int(env["WORLD_SIZE"]),
                 local_rank=int(env.get("LOCAL_RANK", "0")),
@@ -112,7 +114,7 @@ class RankIdentity:
         if "OMPI_COMM_WORLD_RANK" in env:  # Open MPI
             local_world = int(env.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1"))
             rank = int(env["OMPI_COMM_WORLD_RANK"])
-            return cls(
+            return RankIdentity(
                 rank=rank,
                 world_size=int(env["OMPI_COMM_WORLD_SIZE"]),
                 local_rank=int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")),
@@ -125,7 +127,7 @@ class RankIdentity:
             ntasks = int(env.get("SLURM_NTASKS", env.get("SLURM_NPROCS", "1")))
             nnodes = int(env.get("SLURM_NNODES", env.get("SLURM_JOB_NUM_NODES", "1")))
             local_world = max(ntasks // max(nnodes, 1), 1)
-            return cls(
+            return RankIdentity(
                 rank=int(env["SLURM_PROCID"]),
                 world_size=ntasks,
                 local_rank=int(env.get("SLURM_LOCALID", "0")),
@@ -133,7 +135,7 @@ class RankIdentity:
                 node_rank=int(env.get("SLURM_NODEID", "0")),
                 host=host,
             )
-        return cls(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, host=host)
+        return RankIdentity(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, host=host)
 
     def export(self) -> None:
         """Publish the torch.distributed variables, whichever launcher gave us the identity."""
@@ -146,15 +148,11 @@ class RankIdentity:
 
 
 @dataclass(frozen=True)
-class RankContext:
-    """Everything a workload function ``(ctx) -> dict`` needs to know about its rank."""
+class RankContext(RankIdentity):
+    """Everything a workload function ``(ctx) -> dict`` needs to know about its rank: where it
+    sits in the job (the `RankIdentity` fields, first and in their order), then what the worker
+    adds."""
 
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    node_rank: int
-    host: str
     device: str
     """``"cpu"`` or ``"cuda:<i>"``, ``i = local_rank % visible devices`` (one per rank where the site
     binds one GPU per task); ``rank-<r>.json`` records the GPU's UUID under ``"gpu"``."""

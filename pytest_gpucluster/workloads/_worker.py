@@ -22,6 +22,7 @@ Like the rest of ``workloads/``, this depends on the standard library and torch 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import faulthandler
 import gc
@@ -219,12 +220,7 @@ def run(job_dir: Path) -> int:
             record["gpu"] = gpu
             write_json_atomic(result_path, record)
         ctx = RankContext(
-            rank=identity.rank,
-            world_size=identity.world_size,
-            local_rank=identity.local_rank,
-            local_world_size=identity.local_world_size,
-            node_rank=identity.node_rank,
-            host=identity.host,
+            **dataclasses.asdict(identity),
             device=device,
             backend=backend,
             job_dir=job_dir,

@@ -74,14 +74,16 @@ def _read(path: Path) -> tuple[str | None, str | None]:
         return None, _why(exc)
 
 
-def _read_attrs(base: Path, names: Sequence[str], errors: dict[str, str]) -> dict[str, str]:
+def _read_attrs(base: Path, names: Sequence[str], errors: dict[str, str], where: str = "") -> dict[str, str]:
+    """The files ``names`` of ``base``; each one that cannot be read goes to ``errors`` as
+    ``<where><name>``."""
     out: dict[str, str] = {}
     for name in names:
         value, why = _read(base / name)
         if why is None and value is not None:
             out[name] = value
         else:
-            errors[name] = why or "missing"
+            errors[where + name] = why or "missing"
     return out
 
 
@@ -95,14 +97,7 @@ def _read_dir(base: Path, group: str, errors: dict[str, str]) -> dict[str, str]:
     except OSError as exc:
         errors[group] = _why(exc)
         return {}
-    out: dict[str, str] = {}
-    for name in names:
-        value, why = _read(folder / name)
-        if why is None and value is not None:
-            out[name] = value
-        else:
-            errors[f"{group}/{name}"] = why or "missing"
-    return out
+    return _read_attrs(folder, names, errors, where=f"{group}/")
 
 
 def _list(folder: Path) -> list[str]:

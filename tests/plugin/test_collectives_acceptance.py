@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import json
 import socket
 import stat
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from acceptance_runs import acceptance_run, measurements, results_dir
 from node_fakes import use_machine
 
 from pytest_gpucluster.profiles.detect import MachineInfo
@@ -28,25 +28,12 @@ CPU_LOCAL = REPO / "thresholds" / "cpu-local.yaml"
 
 @pytest.fixture
 def run(pytester, tmp_path, monkeypatch):
-    monkeypatch.delenv("GPUCLUSTER_HW", raising=False)
-    monkeypatch.delenv("_GPUCLUSTER_SESSION_RESULTS_DIR", raising=False)
-    pytester.makepyfile(test_collectives=ACCEPTANCE.read_text(encoding="utf-8"))
-
-    def _run(*args: str):
-        return pytester.runpytest_inprocess(
-            "-rs", "-p", "no:cacheprovider", f"--results-dir={tmp_path / 'res'}", *args
-        )
-
-    return _run
+    return acceptance_run(pytester, monkeypatch, tmp_path, {"test_collectives": ACCEPTANCE})
 
 
 def write_profile(path: Path, data: dict) -> Path:
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
-
-
-def measurements(tmp_path: Path) -> list[dict]:
-    return json.loads((tmp_path / "res" / "results.json").read_text())["measurements"]
 
 
 def test_thresholds_10x_stricter_fail_with_value_threshold_size_scope_and_host(run, tmp_path):
@@ -115,7 +102,7 @@ def test_thresholds_10x_stricter_fail_with_value_threshold_size_scope_and_host(r
         (s, p) for s in (1024, 8192, 65536, 16 << 20) for p in ("in_place", "out_of_place")
     )
     # one job swept both scopes (the harness ran their parts together)
-    [job] = (tmp_path / "res" / "jobs").iterdir()
+    [job] = (results_dir(tmp_path) / "jobs").iterdir()
     assert job.name.startswith("shared-2-parts-")
 
 

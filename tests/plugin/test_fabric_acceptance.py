@@ -16,6 +16,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from acceptance_runs import acceptance_run, measurements, results_dir
 
 REPO = Path(__file__).resolve().parents[2]
 ACCEPTANCE = REPO / "acceptance"
@@ -24,25 +25,11 @@ DCGM_DATA = REPO / "tests" / "data" / "dcgm"
 
 @pytest.fixture
 def run(pytester, tmp_path, monkeypatch):
-    monkeypatch.delenv("GPUCLUSTER_HW", raising=False)
     monkeypatch.delenv("GPUCLUSTER_SOAK", raising=False)
-    monkeypatch.delenv("_GPUCLUSTER_SESSION_RESULTS_DIR", raising=False)
-    pytester.makeconftest((ACCEPTANCE / "conftest.py").read_text(encoding="utf-8"))
-    pytester.makepyfile(
-        test_fabric=(ACCEPTANCE / "test_fabric.py").read_text(encoding="utf-8"),
-        test_burnin=(ACCEPTANCE / "test_burnin.py").read_text(encoding="utf-8"),
+    files = {"test_fabric": ACCEPTANCE / "test_fabric.py", "test_burnin": ACCEPTANCE / "test_burnin.py"}
+    return acceptance_run(
+        pytester, monkeypatch, tmp_path, files, "--hw=cpu-local", conftest=ACCEPTANCE / "conftest.py"
     )
-
-    def _run(*args: str):
-        return pytester.runpytest_inprocess(
-            "-rs", "-p", "no:cacheprovider", "--hw=cpu-local", f"--results-dir={tmp_path / 'res'}", *args
-        )
-
-    return _run
-
-
-def measurements(tmp_path: Path) -> list[dict]:
-    return json.loads((tmp_path / "res" / "results.json").read_text())["measurements"]
 
 
 def test_the_fabric_readings_bracket_the_run_and_judge_the_interfaces_that_are_up(run, tmp_path):
@@ -102,7 +89,7 @@ def test_dcgm_diag_of_a_failing_gpu_fails_naming_the_gpu_and_the_test(run, tmp_p
         ("pcie", "pass"),
         ("software", "fail"),
     ]
-    suspects = json.loads((tmp_path / "res" / "suspects.json").read_text())["suspects"]
+    suspects = json.loads((results_dir(tmp_path) / "suspects.json").read_text())["suspects"]
     assert [(s["kind"], s["gpu"], s["check"]) for s in suspects] == [("gpu", "GPU 0", "dcgm")]
 
 

@@ -4,10 +4,10 @@ health thresholds then fail as NOT MEASURED at the end of the session, naming th
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from acceptance_runs import acceptance_run, results
 
 REPO = Path(__file__).resolve().parents[2]
 ACCEPTANCE = REPO / "acceptance"
@@ -15,23 +15,16 @@ ACCEPTANCE = REPO / "acceptance"
 
 @pytest.fixture
 def run(pytester, tmp_path, monkeypatch):
-    monkeypatch.delenv("GPUCLUSTER_HW", raising=False)
-    monkeypatch.delenv("_GPUCLUSTER_SESSION_RESULTS_DIR", raising=False)
-    pytester.makeconftest((ACCEPTANCE / "conftest.py").read_text(encoding="utf-8"))
-    pytester.makepyfile(test_burnin=(ACCEPTANCE / "test_burnin.py").read_text(encoding="utf-8"))
-
-    def _run(*args: str):
-        return pytester.runpytest_inprocess(
-            "-p", "no:cacheprovider", "--hw=cpu-local", f"--results-dir={tmp_path / 'res'}", *args
-        )
-
-    return _run
+    files = {"test_burnin": ACCEPTANCE / "test_burnin.py"}
+    return acceptance_run(
+        pytester, monkeypatch, tmp_path, files, "--hw=cpu-local", conftest=ACCEPTANCE / "conftest.py"
+    )
 
 
 def test_thresholds_whose_test_ran_and_measured_nothing_fail_as_not_measured(run, tmp_path):
     result = run("test_burnin.py", "-k", "rank_health_cpu", "--job-timeout=1", "--tb=no")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    data = json.loads((tmp_path / "res" / "results.json").read_text())
+    data = results(tmp_path)
     outcomes = {o["test_id"]: o for o in data["outcomes"]}
     assert outcomes["test_burnin.py::test_rank_health_cpu"]["category"] == "infrastructure"
     closed = outcomes["gpucluster::every-threshold-measured"]

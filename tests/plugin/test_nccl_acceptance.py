@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from acceptance_runs import acceptance_run, results
 from node_fakes import use_machine
 
 from pytest_gpucluster.profiles.detect import MachineInfo
@@ -75,22 +76,12 @@ def cluster():
 
 @pytest.fixture
 def run(pytester, tmp_path, monkeypatch):
-    monkeypatch.delenv("GPUCLUSTER_HW", raising=False)
-    monkeypatch.delenv("_GPUCLUSTER_SESSION_RESULTS_DIR", raising=False)
     use_machine(monkeypatch, NO_GPU)
-    pytester.makepyfile(test_nccl=ACCEPTANCE.read_text(encoding="utf-8"))
-
-    def _run(*args: str):
-        return pytester.runpytest_inprocess(
-            "-rs", "-p", "no:cacheprovider", f"--results-dir={tmp_path / 'res'}", *args
-        )
-
-    return _run
+    return acceptance_run(pytester, monkeypatch, tmp_path, {"test_nccl": ACCEPTANCE})
 
 
 def measurements(tmp_path: Path) -> dict[str, dict]:
-    data = json.loads((tmp_path / "res" / "results.json").read_text())
-    return {m["metric"]: m for m in data["measurements"]}
+    return {m["metric"]: m for m in results(tmp_path)["measurements"]}
 
 
 def test_seed_log_passes_for_the_efa_profile(run, tmp_path):
@@ -129,7 +120,7 @@ def test_same_log_fails_spectrum_x_quoting_network_and_plugin_lines(run, tmp_pat
     got = measurements(tmp_path)
     failed = sorted(name for name, m in got.items() if m["verdict"] == "fail")
     assert failed == ["nccl.gdr", "nccl.net_plugin", "nccl.network"]
-    data = json.loads((tmp_path / "res" / "results.json").read_text())
+    data = results(tmp_path)
     assert {o["category"] for o in data["outcomes"] if o["outcome"] == "failed"} == {"performance"}
 
 
@@ -200,7 +191,7 @@ def test_launched_variant_reads_every_rank_log_and_warns_on_nccl_env_typos(
     assert call["env"]["NCCL_DEBUG"] == "INFO"
     assert call["env"]["NCCL_DEBUG_SUBSYS"] == "INIT,NET,ENV"
     assert call["env"]["NCCL_IB_HCAS"] == "mlx5_0"
-    data = json.loads((tmp_path / "res" / "results.json").read_text())
+    data = results(tmp_path)
     assert data["nccl_env"]["NCCL_IB_HCAS"] == "mlx5_0"
     got = measurements(tmp_path)
     assert got["nccl.network"]["verdict"] == "pass"

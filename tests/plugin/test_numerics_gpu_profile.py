@@ -4,10 +4,10 @@ the dry run plans the GPU job with cuBLAS's workspace setting and a deadline for
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from acceptance_runs import acceptance_run, results
 from node_fakes import use_machine
 
 from pytest_gpucluster.profiles.detect import MachineInfo
@@ -26,23 +26,14 @@ TESTS = (
 
 @pytest.fixture
 def run(pytester, tmp_path, monkeypatch):
-    monkeypatch.delenv("GPUCLUSTER_HW", raising=False)
-    monkeypatch.delenv("_GPUCLUSTER_SESSION_RESULTS_DIR", raising=False)
     use_machine(monkeypatch, NO_GPU)
-    pytester.makeconftest((ACCEPTANCE / "conftest.py").read_text(encoding="utf-8"))
-    pytester.makepyfile(test_numerics=(ACCEPTANCE / "test_numerics.py").read_text(encoding="utf-8"))
-
-    def _run(*args: str):
-        return pytester.runpytest_inprocess(
-            "-rs", "-p", "no:cacheprovider", f"--results-dir={tmp_path / 'res'}", *args
-        )
-
-    return _run
+    files = {"test_numerics": ACCEPTANCE / "test_numerics.py"}
+    return acceptance_run(pytester, monkeypatch, tmp_path, files, conftest=ACCEPTANCE / "conftest.py")
 
 
 def test_a_gpu_profile_on_a_machine_without_cuda_skips_every_numerics_test_saying_why(run, tmp_path):
     run("--hw=h200-sxm").assert_outcomes(skipped=5)
-    outcomes = json.loads((tmp_path / "res" / "results.json").read_text())["outcomes"]
+    outcomes = results(tmp_path)["outcomes"]
     skipped = {o["test_id"].rpartition("::")[2]: o["message"] for o in outcomes}
     assert sorted(skipped) == sorted(TESTS)
     assert all(f"needs cuda: node testhost: lists no GPU ({WHY})" in m for m in skipped.values()), skipped

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 import pytest
+from acceptance_runs import acceptance_run, measurements, results
 from node_fakes import use_machine
 
 from pytest_gpucluster.profiles.detect import MachineInfo
@@ -179,22 +180,9 @@ nvlink:
 
 @pytest.fixture
 def run(pytester, tmp_path, monkeypatch):
-    monkeypatch.delenv("GPUCLUSTER_HW", raising=False)
-    monkeypatch.delenv("_GPUCLUSTER_SESSION_RESULTS_DIR", raising=False)
     use_machine(monkeypatch, NO_GPU)
     monkeypatch.setenv("XDG_CACHE_HOME", CACHE_HOME)
-    pytester.makepyfile(test_nvlink=ACCEPTANCE.read_text(encoding="utf-8"))
-
-    def _run(*args: str):
-        return pytester.runpytest_inprocess(
-            "-rs", "-p", "no:cacheprovider", f"--results-dir={tmp_path / 'res'}", *args
-        )
-
-    return _run
-
-
-def measurements(tmp_path: Path) -> list[dict]:
-    return json.loads((tmp_path / "res" / "results.json").read_text())["measurements"]
+    return acceptance_run(pytester, monkeypatch, tmp_path, {"test_nvlink": ACCEPTANCE})
 
 
 def test_cpu_local_skips_nvlink_tests_naming_the_capability_and_gates_the_real_shm_speedup(
@@ -229,7 +217,7 @@ def test_cpu_local_skips_nvlink_tests_naming_the_capability_and_gates_the_real_s
             "the 1-minute load average after the job was * on * CPUs."
         ]
     )
-    data = json.loads((tmp_path / "res" / "results.json").read_text())
+    data = results(tmp_path)
     failed = [o for o in data["outcomes"] if o["outcome"] == "failed"]
     assert [o["category"] for o in failed] == ["performance"]
 

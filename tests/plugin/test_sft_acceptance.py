@@ -5,12 +5,12 @@ ceiling is below what the ranks use."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
 import yaml
+from acceptance_runs import acceptance_run, measurements, results
 from node_fakes import use_machine
 from recorded_warnings import warnings_of
 
@@ -209,25 +209,10 @@ def test_log_checks_answer_what_a_log_can():
 
 @pytest.fixture
 def run(pytester, tmp_path, monkeypatch):
-    monkeypatch.delenv("GPUCLUSTER_HW", raising=False)
-    monkeypatch.delenv("_GPUCLUSTER_SESSION_RESULTS_DIR", raising=False)
     use_machine(monkeypatch, NO_GPU)
     monkeypatch.setenv("XDG_CACHE_HOME", CACHE_HOME)
-    pytester.makepyfile(
-        test_sft=(ACCEPTANCE / "test_sft.py").read_text(encoding="utf-8"),
-        test_scaling=(ACCEPTANCE / "test_scaling.py").read_text(encoding="utf-8"),
-    )
-
-    def _run(*args: str):
-        return pytester.runpytest_inprocess(
-            "-rs", "-p", "no:cacheprovider", f"--results-dir={tmp_path / 'res'}", *args
-        )
-
-    return _run
-
-
-def measurements(tmp_path: Path) -> list[dict]:
-    return json.loads((tmp_path / "res" / "results.json").read_text())["measurements"]
+    files = {"test_sft": ACCEPTANCE / "test_sft.py", "test_scaling": ACCEPTANCE / "test_scaling.py"}
+    return acceptance_run(pytester, monkeypatch, tmp_path, files)
 
 
 def test_seed_000_h800_log_passes_the_h800_case_and_says_what_it_left_unchecked(run, tmp_path):
@@ -322,7 +307,7 @@ def test_case_prefix_picks_the_case_and_a_log_that_answers_none_of_it_fails(run,
 
 
 def skips(tmp_path: Path) -> dict[str, str]:
-    outcomes = json.loads((tmp_path / "res" / "results.json").read_text())["outcomes"]
+    outcomes = results(tmp_path)["outcomes"]
     return {
         o["test_id"]: o["message"].removeprefix("Skipped: ") for o in outcomes if o["outcome"] == "skipped"
     }
@@ -391,5 +376,5 @@ def test_a_copied_cpu_local_with_memory_below_use_fails_naming_rank_measured_and
     ]
     for m in others.values():
         assert m["verdict"] == "pass" and m["threshold"] is not None and m["unit"] and m["value"] > 0, m
-    outcomes = json.loads((tmp_path / "res" / "results.json").read_text())["outcomes"]
+    outcomes = results(tmp_path)["outcomes"]
     assert [o["category"] for o in outcomes] == ["performance"]

@@ -297,6 +297,45 @@ def test_the_report_gives_medians_a_ratio_line_and_a_ci_line_per_key() -> None:
     assert any(line.strip().startswith("95% CI 1.200-1.200") for line in lines)
 
 
+@pytest.mark.parametrize(
+    ("script", "limits"),
+    [("launch_overhead", (60, 170.0)), ("sft_overhead", (30, 175.0)), ("busbw_fidelity", (40, 170.0))],
+)
+def test_each_benchmark_takes_its_stop_rule_from_the_shared_options(
+    script: str, limits: tuple[int, float]
+) -> None:
+    module = importlib.import_module(script)
+    default = rounds.StopRule.from_args(module.parse_args([]))
+    assert default == rounds.StopRule(0.02, 0.95, 6, *limits)
+    asked = module.parse_args(
+        ["--tolerance", "0.05", "--min-rounds", "8", "--max-rounds", "9", "--max-seconds", "60"]
+    )
+    assert rounds.StopRule.from_args(asked) == rounds.StopRule(0.05, 0.95, 8, 9, 60.0)
+
+
+def test_a_progress_line_names_the_first_side_and_the_widest_interval() -> None:
+    record = rounds.RoundRecord(6, True, {"a": 1.0, "b": 1.0}, {"a": 1.0, "b": 1.0}, 12.4)
+    narrow = ratio_stats.median_ci([1.0, 1.0, 1.01, 0.99, 1.0, 1.0])
+    wide = ratio_stats.median_ci([1.0, 1.2, 0.9, 1.0, 1.1, 1.0])
+    line = rounds.progress_line(record, {"a": narrow, "b": wide}, "per-key ratios 1.000 1.000")
+    assert line == "round 7 (harness first, 12 s): per-key ratios 1.000 1.000; widest CI +-20.0%"
+    early = ratio_stats.median_ci([1.0, 1.1])
+    assert rounds.progress_line(record, {"a": early}, "x").endswith("(harness first, 12 s): x; no CI yet")
+    assert rounds.progress_line(record, {"a": narrow}, "x").endswith("; CI +-1.0%")
+
+
+def test_a_one_key_benchmark_prints_both_sides_and_the_rounds_ratio(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    record = rounds.RoundRecord(1, False, {"step time": 0.5}, {"step time": 0.4}, 3.0)
+    rounds.print_one_key("step time", "cluster.run", "torchrun", digits=3)(
+        record, {"step time": ratio_stats.median_ci([1.25])}
+    )
+    assert capsys.readouterr().out == (
+        "round 2 (reference first, 3 s): cluster.run 0.500 s, torchrun 0.400 s, this round 1.250; no CI yet\n"
+    )
+
+
 # --- the references -----------------------------------------------------------------------------
 
 

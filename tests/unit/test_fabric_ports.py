@@ -146,6 +146,16 @@ def test_reader_records_unreadable_and_missing_files_and_never_stops(tmp_path):
     )
 
 
+def test_an_unreadable_counter_is_named_with_its_directory(tmp_path):
+    (tmp_path / "hw_counters").mkdir()
+    (tmp_path / "hw_counters" / "out_of_buffer").write_text("12\n")
+    errors: dict[str, str] = {}
+    read = fabric_probe._read_attrs(
+        tmp_path / "hw_counters", ["out_of_buffer", "gone"], errors, "hw_counters/"
+    )
+    assert read == {"out_of_buffer": "12"} and errors == {"hw_counters/gone": "missing"}
+
+
 @pytest.mark.skipif(
     not Path("/sys/class/net/lo/speed").exists(), reason="this machine has no /sys/class/net/lo"
 )

@@ -202,6 +202,13 @@ def test_a_remote_prefix_that_does_not_forward_stdin_leaves_the_job_running(tmp_
 # --------------------------------------------------------------------------- otherwise invisible
 
 
+def _guard_over_agent(job_id: str, pids_file: Path) -> subprocess.Popen:
+    """The guard of job ``job_id`` watching this process, running `AGENT` (which writes its pids
+    to ``pids_file``)."""
+    argv = guard_argv(sys.executable, job_id, watch_pid=os.getpid())
+    return subprocess.Popen([*argv, sys.executable, "-c", AGENT, str(pids_file)])
+
+
 def test_the_guard_exits_with_its_agents_code_and_passes_sigterm_on(tmp_path):
     done = subprocess.run(
         [*guard_argv(sys.executable, "t-code", watch_pid=os.getpid()), sys.executable, "-c", "raise SystemExit(3)"],
@@ -209,15 +216,7 @@ def test_the_guard_exits_with_its_agents_code_and_passes_sigterm_on(tmp_path):
     )  # fmt: skip
     assert done.returncode == 3 and done.stderr == b""
     pids_file = tmp_path / "pids"
-    guard = subprocess.Popen(
-        [
-            *guard_argv(sys.executable, "t-term", watch_pid=os.getpid()),
-            sys.executable,
-            "-c",
-            AGENT,
-            str(pids_file),
-        ]
-    )
+    guard = _guard_over_agent("t-term", pids_file)
     agent, grandchild = agent_pids(pids_file)
     guard.send_signal(signal.SIGTERM)
     assert guard.wait(timeout=10) == -signal.SIGTERM and not alive(agent)
@@ -226,15 +225,7 @@ def test_the_guard_exits_with_its_agents_code_and_passes_sigterm_on(tmp_path):
 
 def test_killing_the_guard_takes_its_agent_along(tmp_path):
     pids_file = tmp_path / "pids"
-    guard = subprocess.Popen(
-        [
-            *guard_argv(sys.executable, "t-kill", watch_pid=os.getpid()),
-            sys.executable,
-            "-c",
-            AGENT,
-            str(pids_file),
-        ]
-    )
+    guard = _guard_over_agent("t-kill", pids_file)
     agent, grandchild = agent_pids(pids_file)
     guard.kill()
     guard.wait()

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pytest_gpucluster.health_check import REASON_LIMIT, drain_argv, pytest_argv, verdict_of
+from pytest_gpucluster.burnin.drain import drain_argv
+from pytest_gpucluster.health_check import REASON_LIMIT, pytest_argv, verdict_of
 
 RUN = Path(__file__).parents[1] / "data" / "results" / "cpu_local_run.json"
 
@@ -43,14 +44,21 @@ def test_no_results_says_what_pytest_said_last():
 
 
 def test_the_drain_is_an_argv_list_whatever_the_reason_holds():
+    """The health check drains through burn-in's `drain_argv`, its verdict line unprefixed."""
     reason = "gpucluster health-check on gpu07: x; rm -rf / $(reboot) 'quoted'"
-    assert drain_argv("gpu07", reason) == [
+    assert drain_argv("gpu07", reason, prefix="") == [
         "scontrol",
         "update",
-        "nodename=gpu07",
-        "state=drain",
-        f"reason={reason}",
+        "NodeName=gpu07",
+        "State=DRAIN",
+        f"Reason={reason}",
     ]
+
+
+def test_a_verdict_line_is_a_whole_slurm_reason():
+    results = {"outcomes": [{"test_id": "a::test_x", "outcome": "failed", "message": "slow\n" * 100}]}
+    verdict = verdict_of(1, results, "", "gpu07")
+    assert drain_argv("gpu07", verdict.reason, prefix="")[4] == f"Reason={verdict.reason}"
 
 
 def test_the_quick_tier_runs_on_this_machine_only(tmp_path):

@@ -16,9 +16,9 @@ from pytest_gpucluster.maths.metrics import (
     busbw,
     mfu,
     scaling_efficiency,
-    shape_for,
     summarize,
 )
+from pytest_gpucluster.maths.shapes import get_shape
 
 # --- bus bandwidth ---------------------------------------------------------------------------
 
@@ -109,11 +109,12 @@ def test_algbw_refuses_a_bad_time(bad: float) -> None:
     ],
 )
 def test_parameter_counts_match_the_published_checkpoints(name: str, params: int) -> None:
-    assert shape_for(name).params == params
+    assert get_shape(name).dims.params == params
+    assert get_shape(name).dims is metrics.KNOWN_SHAPES[name]  # the MFU arithmetic counts the same model
 
 
 def test_llama2_7b_parameters_by_hand() -> None:
-    s = shape_for("llama2-7b")
+    s = get_shape("llama2-7b").dims
     # per layer: 4*4096^2 (q,k,v,o) + 3*4096*11008 (MLP) + 2*4096 (norms) = 202_383_360
     assert s.layer_params == 4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096 == 202_383_360
     # 32 layers + final norm + embedding table + separate lm_head
@@ -123,7 +124,7 @@ def test_llama2_7b_parameters_by_hand() -> None:
 
 
 def test_llama2_70b_flops_per_token_by_hand() -> None:
-    s = shape_for("llama2-70b")
+    s = get_shape("llama2-70b").dims
     # 6N with N = 68_976_648_192 - 32000*8192 = 68_714_504_192
     assert s.matmul_params == 68_714_504_192
     assert s.flops_per_token(attention=False) == 6 * 68_714_504_192
@@ -153,7 +154,7 @@ def test_seed_001_mfu_with_the_full_palm_formula() -> None:
     # 791.37 * 444_499_279_872 / 989e12 = 0.35568, two points above the seed's 33.6%:
     # +7.8% from 12LHQT at T=4096, -1.8% from N. Both are "PaLM MFU"; thresholds must say
     # which one they use, and ours always include the attention term.
-    value = mfu(791.37, shape_for("llama2-70b").flops_per_token(), 989e12)
+    value = mfu(791.37, get_shape("llama2-70b").dims.flops_per_token(), 989e12)
     assert value == pytest.approx(0.3557, abs=0.0001)
     assert 0.336 < value < 0.37
 
@@ -163,10 +164,10 @@ def test_mfu_refuses_a_zero_peak() -> None:
         mfu(100.0, 1e9, 0.0)
 
 
-def test_shape_for_names_the_known_models() -> None:
-    assert shape_for("Llama2_70B") is metrics.KNOWN_SHAPES["llama2-70b"]
+def test_a_shape_is_found_by_any_spelling_of_its_name_and_an_unknown_one_lists_the_known() -> None:
+    assert get_shape("Llama2_70B").dims is metrics.KNOWN_SHAPES["llama2-70b"]
     with pytest.raises(ValueError, match=r"'gpt-5'.*llama2-70b"):
-        shape_for("gpt-5")
+        get_shape("gpt-5")
 
 
 def test_shape_validation() -> None:
@@ -239,7 +240,7 @@ def test_attention_over_real_tokens_when_flash_attention_skips_the_padding():
     processed = len(lengths) * 2048
     padding = 1 - sum(lengths) / processed
     assert padding > 0.5  # Alpaca's short answers leave most of 2048 positions empty
-    shape = metrics.shape_for("llama-7b")
+    shape = get_shape("llama-7b").dims
     padded, how = metrics.step_model_flops(shape, processed, 2048, lengths, skips_padding=False)
     real, how_real = metrics.step_model_flops(shape, processed, 2048, lengths, skips_padding=True)
     assert (how, how_real) == ("padded", "real")

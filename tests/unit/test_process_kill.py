@@ -91,3 +91,17 @@ def test_the_remote_reaper_kills_by_job_id(tmp_path):
         child.kill()
         child.wait()
     assert reaper.main(["--bogus"]) == 2
+
+
+def test_proc_readers_take_the_state_after_the_last_parenthesis(tmp_path):
+    """/proc/<pid>/stat as the kernel writes it for a command named ``a) Z (b``: the state and
+    start time are read after the last ``)``, never from inside the name."""
+    fields = " ".join(["S"] + ["0"] * 18 + ["4242"] + ["0"] * 10)
+    for pid, state in ((7, "S"), (8, "Z")):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_bytes(f"{pid} (a) Z (b) {state}{fields[1:]}".encode())
+    (tmp_path / "self").mkdir()
+    proc = str(tmp_path)
+    assert reaper.proc_pids(proc) == [7, 8]
+    assert [reaper.is_zombie(pid, proc) for pid in (7, 8, 9)] == [False, True, True]  # 9: gone
+    assert reaper.process_start_ticks(7, proc) == 4242 and reaper.process_start_ticks(9, proc) is None
