@@ -40,6 +40,8 @@ __all__ = [
     "clear_suspects",
     "drain_argv",
     "drain_commands",
+    "drain_listed",
+    "listed_drain_commands",
     "read_suspects",
     "run_drain",
     "slurm_reason",
@@ -326,8 +328,9 @@ class SuspectLog:
         self.found += named
         write_suspects(self.path, named)
 
-    def finish(self, write: Callable[[str], None], *, drain: bool) -> None:
-        """Say who is suspect and how to drain them; run the drain commands with ``drain``."""
+    def finish(self, write: Callable[[str], None]) -> None:
+        """Say who is suspect and how to drain them. The drain itself waits for the end of the
+        session (`drain_listed`), when the run's findings have added their hosts to the list."""
         if not self.found:
             write(f"burn-in: no suspect node ({self.path})")
             return
@@ -335,11 +338,39 @@ class SuspectLog:
         for suspect in self.found:
             write(f"  {suspect.line()}")
         commands = drain_commands(self.found)
-        if commands and drain:
-            write("burn-in: draining (--gpucluster-drain):")
-            for outcome in run_drain(commands):
-                write(f"  {outcome.line()}")
-        elif commands:
-            write("burn-in: to drain them (run by --gpucluster-drain):")
+        if commands:
+            write("burn-in: to drain them (run at the end of the session by --gpucluster-drain):")
             for argv in commands:
                 write(f"  {shell_line(argv)}")
+
+
+def listed_drain_commands(path: Path) -> list[list[str]]:
+    """The drain commands the drain list at ``path`` holds: one per host that a suspect or a finding
+    needs drained (`_write_payload`). No file: none. A damaged one is an error naming it."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return []
+    except (OSError, json.JSONDecodeError) as exc:
+        raise BurninError(f"cannot read {path}: {exc}") from None
+    commands = data.get("drain_commands") if isinstance(data, dict) else None
+    if not isinstance(commands, list) or not all(
+        isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv) for argv in commands
+    ):
+        raise BurninError(f"{path}: 'drain_commands' is not a list of argv lists of strings")
+    return [list(argv) for argv in commands]
+
+
+def drain_listed(path: Path, *, run: Runner = subprocess.run) -> list[str]:
+    """``--gpucluster-drain`` at the end of a session: run every command of the drain list (the
+    burn-in's suspects and the findings whose next action takes a host out of scheduling), once
+    each, in the controller; the lines say what was done. Argv lists, never a shell."""
+    try:
+        commands = listed_drain_commands(path)
+    except BurninError as exc:
+        return [f"drain (--gpucluster-drain): nothing drained: {exc}"]
+    if not commands:
+        return [f"drain (--gpucluster-drain): no host to drain ({path})"]
+    lines = [f"drain (--gpucluster-drain): {len(commands)} host(s) from {path}:"]
+    lines += [f"  {outcome.line()}" for outcome in run_drain(commands, run=run)]
+    return lines
