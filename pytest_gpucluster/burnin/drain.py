@@ -191,15 +191,24 @@ def _locked(path: Path) -> Any:
         os.close(fd)
 
 
-def read_suspects(path: Path) -> list[Suspect]:
-    """The suspects in ``path``; an absent file has none. A damaged one is an error naming it."""
+def _read_drain_list(path: Path) -> dict[str, Any] | None:
+    """The drain list's JSON object; None when there is no file. Unreadable or not JSON: an error
+    naming the file."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return []
+        return None
     except (OSError, json.JSONDecodeError) as exc:
         raise BurninError(f"cannot read {path}: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("suspects"), list):
+    return data if isinstance(data, dict) else {}
+
+
+def read_suspects(path: Path) -> list[Suspect]:
+    """The suspects in ``path``; an absent file has none. A damaged one is an error naming it."""
+    data = _read_drain_list(path)
+    if data is None:
+        return []
+    if not isinstance(data.get("suspects"), list):
         raise BurninError(f"{path} has no 'suspects' list; it was not written by pytest-gpucluster")
     try:
         return [Suspect.from_json(item) for item in data["suspects"]]
@@ -226,10 +235,10 @@ def write_suspects(path: Path, suspects: Iterable[Suspect]) -> list[Suspect]:
 
 def _stored_findings(path: Path) -> list[dict[str, Any]]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        data = _read_drain_list(path) or {}
+    except BurninError:
         return []
-    findings = data.get("findings") if isinstance(data, dict) else None
+    findings = data.get("findings")
     return list(findings) if isinstance(findings, list) else []
 
 
@@ -347,13 +356,10 @@ class SuspectLog:
 def listed_drain_commands(path: Path) -> list[list[str]]:
     """The drain commands the drain list at ``path`` holds: one per host that a suspect or a finding
     needs drained (`_write_payload`). No file: none. A damaged one is an error naming it."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    data = _read_drain_list(path)
+    if data is None:
         return []
-    except (OSError, json.JSONDecodeError) as exc:
-        raise BurninError(f"cannot read {path}: {exc}") from None
-    commands = data.get("drain_commands") if isinstance(data, dict) else None
+    commands = data.get("drain_commands")
     if not isinstance(commands, list) or not all(
         isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv) for argv in commands
     ):
