@@ -20,7 +20,7 @@ slow". These tests name it (the verdicts: ``checks/burnin/``; what runs: ``plans
 
 Every suspect goes to ``<results dir>/suspects.json`` as soon as it is found; at the end the
 suspects and the ``scontrol update NodeName=... State=DRAIN`` command for each node are printed,
-and run only with ``--gpucluster-drain``. The self-test's injected straggler is never drained.
+and run at the end of the session with ``--gpucluster-drain``. The self-test's injected straggler is never drained.
 """
 
 from __future__ import annotations
