@@ -57,11 +57,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def burnin_suspects(gpucluster_session: Any) -> Iterator[SuspectLog]:
     suspects = SuspectLog(gpucluster_session.results_dir)
     yield suspects
-    settings = gpucluster_session.settings
-    # with --gpucluster-retest-suspects the drain waits for the retest, which confirms or clears
-    suspects.finish(
-        gpucluster_session.progress or print, drain=settings.drain and not settings.retest_suspects
-    )
+    # --gpucluster-drain drains at the end of the session, after any retest and the findings
+    suspects.finish(gpucluster_session.progress or print)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ slow". These tests name it (the verdicts: ``checks/burnin/``; what runs: ``plans
 
 Every suspect goes to ``<results dir>/suspects.json`` as soon as it is found; at the end the
 suspects and the ``scontrol update NodeName=... State=DRAIN`` command for each node are printed,
-and run only with ``--gpucluster-drain``. The self-test's injected straggler is never drained.
+and run at the end of the session with ``--gpucluster-drain``. The self-test's injected straggler is never drained.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def health_job(session: GpuClusterSession, params: Mapping[str, Any]) -> Part:
         if tier is not None and tier.load_s is not None
         else session.profile.model.burnin.load_duration
     )
-    return plans.health_part(session.available_nodes, session.settings, load_s)
+    return plans.health_part(session.available_nodes, session.settings, load_s, backend=_backend(session))
 
 
 @job_part
@@ -183,7 +183,7 @@ def _counters(cluster: Any, session: Any, hw: Any, phase: str) -> list[dict[str,
         nodes=nodes,
         name=f"burnin-counters-{phase}",
         options={"xid_watch": watch},
-        estimate_s=plans.counters_part(nodes, session.settings).estimate_s,
+        estimate_s=plans.counters_part(nodes, session.settings, backend=session.backend).estimate_s,
     )
     if not any(v.get("nvml") for v in job.values):
         pytest.skip(
@@ -196,7 +196,7 @@ def _counters_plan(when: str) -> Any:
     def planned(session: Any, params: Any) -> list[Any]:
         if session.profile.model.cluster.device != "cuda":
             return []  # a CPU profile has no counters to read: the tests skip
-        part = plans.counters_part(session.available_nodes, session.settings)
+        part = plans.counters_part(session.available_nodes, session.settings, backend=session.backend)
         return [replace(part, name=f"{part.name}-{when}")]
 
     return planned

@@ -37,14 +37,14 @@ from pytest_gpucluster.parsers.fabric_ports import FabricSnapshot, parse_snapsho
 from pytest_gpucluster.plan_items import launches
 from pytest_gpucluster.plans import burnin as plans
 from pytest_gpucluster.plans import soak as soak_plan
-from pytest_gpucluster.plans.burnin_deadlines import DCGM_STARTUP_S, dcgm_deadline, fabric_deadline
+from pytest_gpucluster.plans.burnin_deadlines import dcgm_deadline, dcgm_estimate, fabric_deadline
 
 pytestmark = pytest.mark.burnin
 FABRIC_BEFORE = pytest.StashKey[list[FabricSnapshot]]()
 """test_fabric_before's reading, for test_fabric_after (same process: same xdist worker)."""
 
 
-def _read_fabric(cluster: Any, session: Any) -> list[FabricSnapshot]:
+def _read_fabric(cluster: Any, session: Any, when: str) -> list[FabricSnapshot]:
     nodes = session.available_nodes
     job = run_with_deadline(
         cluster,
@@ -54,8 +54,9 @@ def _read_fabric(cluster: Any, session: Any) -> list[FabricSnapshot]:
         nproc_per_node=1,
         options=plans.fabric_options(),
         name="burnin-fabric",
+        planned_as=f"burnin-fabric-{when}",  # the plan's name (_fabric_plan), which calibration matches
         init_process_group=False,
-        estimate_s=plans.fabric_part(nodes, session.settings).estimate_s,
+        estimate_s=plans.fabric_part(nodes, session.settings, backend=session.backend).estimate_s,
     )
     try:
         return [
@@ -75,7 +76,7 @@ def _selection_env(session: Any) -> dict[str, str]:
 
 def _fabric_plan(when: str) -> Any:
     def planned(session: Any, params: Any) -> list[Any]:
-        part = plans.fabric_part(session.available_nodes, session.settings)
+        part = plans.fabric_part(session.available_nodes, session.settings, backend=session.backend)
         return [replace(part, name=f"{part.name}-{when}")]
 
     return planned
@@ -84,14 +85,14 @@ def _fabric_plan(when: str) -> Any:
 @launches(_fabric_plan("before"))
 def test_fabric_before(cluster: Any, gpucluster_session: Any, request: Any) -> None:
     """Every node's ports and interfaces before the run (conftest runs this first)."""
-    request.config.stash[FABRIC_BEFORE] = _read_fabric(cluster, gpucluster_session)
+    request.config.stash[FABRIC_BEFORE] = _read_fabric(cluster, gpucluster_session, "before")
 
 
 @launches(_fabric_plan("after"))
 def test_fabric_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any, request: Any) -> None:
     """The same ports after the run (conftest runs this last): error counters that grew fail, naming
     node, device and port."""
-    after = _read_fabric(cluster, gpucluster_session)
+    after = _read_fabric(cluster, gpucluster_session, "after")
     before = request.config.stash.get(FABRIC_BEFORE, None)
     if before is None:
         pytest.skip("no before-reading of the fabric ports (test_fabric_before did not run in this process)")
@@ -120,7 +121,7 @@ def _soak_plan(session: Any, params: Any) -> list[Any]:
         return []
     nodes = session.available_nodes
     deadline = soak_plan.soak_deadline(duration, points, hw.burnin.soak, nodes, session.settings)
-    return [soak_plan.soak_part(duration, points, hw.burnin.soak, nodes, deadline)]
+    return [soak_plan.soak_part(duration, points, hw.burnin.soak, nodes, deadline, backend=session.backend)]
 
 
 @launches(_soak_plan)
@@ -151,7 +152,7 @@ def test_soak(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any) -> Non
         nodes=nodes,
         options=soak_plan.soak_options(points, settings, duration),
         name="burnin-soak",
-        estimate_s=duration + soak_plan.START_UP_S,
+        estimate_s=soak_plan.soak_estimate(duration, nodes, gpucluster_session.backend),
     )
     try:
         series = soak.collect(job.values, points)
@@ -164,8 +165,11 @@ def test_soak(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any) -> Non
 def _dcgm_plan(session: Any, params: Any) -> list[Any]:
     settings = session.profile.model.burnin.dcgm
     return [
-        plans.dcgm_part(settings.level, settings.effective_timeout, session.available_nodes, session.settings)
-    ]
+        plans.dcgm_part(
+            settings.level, settings.effective_timeout, session.available_nodes, session.settings,
+            backend=session.backend,
+        )
+    ]  # fmt: skip
 
 
 @launches(_dcgm_plan)
@@ -177,7 +181,7 @@ def test_dcgm_diag(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any) -
         cluster, plans.DCGM, deadline, nodes=nodes, nproc_per_node=1, init_process_group=False,
         pick_device=False,  # no torch, no CUDA context on GPU 0 while DCGM tests it
         name="burnin-dcgm", options=plans.dcgm_options(settings.level, settings.effective_timeout),
-        estimate_s=plans.DCGM_LEVEL_ESTIMATE_S[settings.level] + DCGM_STARTUP_S,
+        estimate_s=dcgm_estimate(plans.DCGM_LEVEL_ESTIMATE_S[settings.level], gpucluster_session.backend, nodes),
     )  # fmt: skip
     found = dcgm.node_reports(job.values)
     if not found.reports and not found.broken:

@@ -38,7 +38,8 @@ from pytest_gpucluster.errors import GpuClusterError
 from pytest_gpucluster.fixtures import job_part
 from pytest_gpucluster.harness import Part, PartRun
 from pytest_gpucluster.inputs import read_texts
-from pytest_gpucluster.plans.burnin_deadlines import STARTUP_S, work_deadline
+from pytest_gpucluster.plans.burnin_deadlines import work_deadline
+from pytest_gpucluster.plans.startup import expected_startup_s
 from pytest_gpucluster.session import GpuClusterSession, get_session
 from pytest_gpucluster.workloads.nccl_probe import DEBUG_ENV
 
@@ -47,6 +48,10 @@ pytestmark = pytest.mark.quick  # NCCL init: in the quick tier on one node (nccl
 PROBE_TIMEOUT_S = 300.0
 """The fixed timeout the probe had; its derived deadline is never shorter."""
 PROBE_WORK_S = 60.0
+"""The probe's work as its deadline counts it (deliberately slow)."""
+PROBE_EXPECTED_WORK_S = 5.0
+"""What the plan counts for the probe's work beyond its start-up: one NCCL communicator (0.2-1.2 s
+in the recorded NCCL INFO logs' ``Init timings``, tests/data/nccl_logs) and one short all_reduce."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,8 @@ def nccl_probe(session: GpuClusterSession, params: Mapping[str, Any]) -> Part | 
     return Part(
         "nccl-probe", PROBE, {"timeout_s": deadline.seconds}, nodes=nodes, env=DEBUG_ENV,
         timeout_s=deadline.seconds, deadline=deadline.text,
-        estimate_s=PROBE_WORK_S + STARTUP_S, startup_s=STARTUP_S,
+        estimate_s=PROBE_EXPECTED_WORK_S + expected_startup_s(nodes, session.backend),
+        startup_s=expected_startup_s(nodes, session.backend),
         init_process_group=False,  # the probe sets NCCL_DEBUG_FILE before NCCL starts
     )  # fmt: skip
 

@@ -25,7 +25,7 @@ import pytest
 from pytest_gpucluster.checks.sft import scaling_checks
 from pytest_gpucluster.fixtures import job_part
 from pytest_gpucluster.harness import Part, PartRun
-from pytest_gpucluster.plans.deadlines import sft_deadline
+from pytest_gpucluster.plans.deadlines import sft_deadline, sft_estimate
 from pytest_gpucluster.plans.sft import find_case, scaling_nodes, scaling_part
 from pytest_gpucluster.session import GpuClusterSession, get_session
 
@@ -64,8 +64,9 @@ def _count_part(session: GpuClusterSession, params: Mapping[str, Any], end: str)
     nodes = scaling_nodes(profile, count)
     deadline = sft_deadline(case, profile, nodes=nodes, settings=session.settings)
     return scaling_part(
-        profile, count, session.ranks_per_node, deadline.seconds, deadline.text, deadline.estimate_s
-    )
+        profile, count, session.ranks_per_node, deadline.seconds, deadline.text,
+        sft_estimate(case, profile, nodes=nodes),
+    )  # fmt: skip
 
 
 @job_part

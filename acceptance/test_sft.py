@@ -38,7 +38,7 @@ from pytest_gpucluster.fixtures import job_part
 from pytest_gpucluster.harness import Part, PartRun
 from pytest_gpucluster.inputs import expand
 from pytest_gpucluster.parsers.train_log import parse_train_log
-from pytest_gpucluster.plans.deadlines import sft_deadline
+from pytest_gpucluster.plans.deadlines import sft_deadline, sft_estimate
 from pytest_gpucluster.plans.sft import case_ranks_per_node, find_case, parse_log_argument, sft_part
 from pytest_gpucluster.session import GpuClusterSession, get_session
 
@@ -109,7 +109,7 @@ def sft_run(session: GpuClusterSession, params: Mapping[str, Any]) -> Part | Non
         nproc_per_node=nproc,
         timeout_s=deadline.seconds,
         deadline=deadline.text,
-        estimate_s=deadline.estimate_s,
+        estimate_s=sft_estimate(case, profile, nodes=case.nodes),
     )
 
 

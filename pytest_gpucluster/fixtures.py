@@ -95,23 +95,26 @@ def run_with_deadline(cluster: Any, workload: str, deadline: Deadline, **kwargs:
     """``cluster.run(workload, timeout=deadline.seconds, **kwargs)`` for a job a test launches
     itself; a dry run first prints its deadline and where it comes from (with -v), as the plan does
     for the shared parts (``kwargs`` must name the job: ``name=``, and its ``nodes=`` count). The
-    job's time goes to results.json's ``jobs`` beside its estimate (``estimate_s=``, if given)."""
+    job's time goes to results.json's ``jobs`` beside its estimate (``estimate_s=``, if given), under
+    the name the plan gives it (``planned_as=``, else ``name``), which a later dry run's calibration
+    matches (`plans.calibration`)."""
     estimate_s = kwargs.pop("estimate_s", None)
     name, nodes = kwargs.get("name") or workload, kwargs.get("nodes")
+    planned_as = kwargs.pop("planned_as", None) or name
     count = len(nodes) if isinstance(nodes, (list, tuple)) else int(nodes or 1)
     if isinstance(cluster, DryRunCluster):
         cluster.show_deadline(name, count, kwargs.get("nproc_per_node"), deadline)
         return cluster.run(workload, timeout=deadline.seconds, **kwargs)
-    part = Part(str(name), workload, nodes=count, timeout_s=deadline.seconds, estimate_s=estimate_s)
+    part = Part(str(planned_as), workload, nodes=count, timeout_s=deadline.seconds, estimate_s=estimate_s)
+    ranks = kwargs.get("nproc_per_node") or getattr(getattr(cluster, "spec", None), "nproc_per_node", None)
     started = time.monotonic()
     try:
         job = cluster.run(workload, timeout=deadline.seconds, **kwargs)
     except JobFailed as exc:
-        _record_job(
-            job_timing([part], time.monotonic() - started, getattr(exc.result, "job_id", None), "failed")
-        )
+        job_id = getattr(exc.result, "job_id", None)
+        _record_job(job_timing([part], time.monotonic() - started, job_id, "failed", ranks))
         raise
-    _record_job(job_timing([part], time.monotonic() - started, getattr(job, "job_id", None), "ok"))
+    _record_job(job_timing([part], time.monotonic() - started, getattr(job, "job_id", None), "ok", ranks))
     return job
 
 
@@ -144,6 +147,7 @@ def cluster(gpucluster_session: GpuClusterSession, request: pytest.FixtureReques
     if gpucluster_session.settings.dry_run:
         verbose = request.config.get_verbosity() > 0
         return DryRunCluster(handle, gpucluster_session.progress or print, verbose)
+    record_jobs_in(gpucluster_session)  # a job launched before any shared part is recorded too
     return handle
 
 

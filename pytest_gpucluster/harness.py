@@ -200,7 +200,8 @@ class SharedJobs:
 
     def _tell(self, parts: list[Part], started: float, job_id: str | None, status: str) -> None:
         if self.on_job is not None:
-            self.on_job(job_timing(parts, time.monotonic() - started, job_id, status))
+            ranks = getattr(getattr(self.cluster, "spec", None), "nproc_per_node", None)
+            self.on_job(job_timing(parts, time.monotonic() - started, job_id, status, ranks))
 
     def _run_alone(self, part: Part, test_id: str) -> Outcome:
         started = time.monotonic()
@@ -225,19 +226,21 @@ class SharedJobs:
         return PartRun(part, values, job.job_id, Path(job.job_dir), test_id)
 
 
-def job_timing(parts: list[Part], actual_s: float, job_id: str | None, status: str) -> dict[str, Any]:
-    """results.json's record of one job: its parts, the plan's estimate (their work plus one
-    start-up, as `plans.session_plan` adds them) and deadline, and the time it really took."""
-    estimates = [p.estimate_s for p in parts]
-    estimate = None
-    if all(e is not None for e in estimates):
-        work = sum((p.estimate_s or 0.0) - p.startup_s for p in parts)
-        estimate = round(work + max(p.startup_s for p in parts), 1)
+def job_timing(
+    parts: list[Part], actual_s: float, job_id: str | None, status: str, ranks_per_node: int | None = None
+) -> dict[str, Any]:
+    """results.json's record of one job: its parts, its nodes x ranks, the plan's estimate (their
+    work plus one start-up, `plans.startup.launch_estimate`, as the plan adds them) and deadline,
+    and the time it really took (what a later dry run's calibration reads, `plans.calibration`)."""
+    from pytest_gpucluster.plans.startup import launch_estimate
+
+    estimate = launch_estimate((p.estimate_s, p.startup_s) for p in parts)
     return {
         "job_id": job_id,
         "parts": [p.name for p in parts],
         "nodes": parts[0].nodes,
-        "estimate_s": estimate,
+        "ranks_per_node": parts[0].nproc_per_node or ranks_per_node,
+        "estimate_s": round(estimate, 1) if estimate is not None else None,
         "deadline_s": round(sum(p.timeout_s for p in parts), 1),
         "actual_s": round(actual_s, 1),
         "status": status,

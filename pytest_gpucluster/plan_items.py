@@ -4,26 +4,31 @@ Reads the pytest items the plugin collected (duck-typed: this module does not im
 asks each test's planners: the `fixtures.job_part` planners of the fixtures it uses, and the
 `launches` planner of a test that launches its jobs itself. The result is a
 `plans.session_plan.SessionPlan`: the dry run prints it, ``--gpucluster-budget`` judges it, and
-results.json keeps it.
+results.json keeps it. An earlier run's job times calibrate it (`calibration_run`: the
+``--baseline`` file, else the newest run of the ``--gpucluster-history`` store).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from pytest_gpucluster.fixtures import _params, _planned
 from pytest_gpucluster.harness import Part
+from pytest_gpucluster.plans.calibration import RecordedRun, recorded_run, tier_of
 from pytest_gpucluster.plans.session_plan import PlannedJob, SessionPlan
+from pytest_gpucluster.plans.startup import expected_startup_s
 from pytest_gpucluster.probing import PROBE_WORK_S, all_local
 from pytest_gpucluster.profiles.findings import seconds
 from pytest_gpucluster.session import GpuClusterSession
 
-__all__ = ["PLAN_COUNT", "dry_run_lines", "item_tier", "launches", "session_plan"]
+__all__ = ["PLAN_COUNT", "calibration_run", "dry_run_lines", "item_tier", "launches", "session_plan"]
 
-PROBE_STARTUP_S = 120.0
-"""The probe's start-up in the plan's estimate, as the burn-in jobs count theirs."""
+PROBE_EXPECTED_WORK_S = 5.0
+"""What the plan counts for the node probe's work beyond its start-up (its deadline counts
+``PROBE_WORK_S``): one rank per node reading NVML, versions, interfaces and RDMA ports."""
 PLAN_COUNT = "plan_count"
 """Option of a planned part standing for that many alike jobs (never launched as such)."""
 
@@ -70,14 +75,15 @@ def session_plan(items: list[Any], session: GpuClusterSession) -> tuple[SessionP
     part could not be planned."""
     plan, errors = SessionPlan(basis=_plan_basis(session)), []
     if not all_local(session.hosts):
-        deadline, estimate = session.rendezvous_deadline + PROBE_WORK_S, PROBE_WORK_S + PROBE_STARTUP_S
+        nodes = session.available_nodes
+        startup = expected_startup_s(nodes, session.backend)
+        deadline, estimate = session.rendezvous_deadline + PROBE_WORK_S, PROBE_EXPECTED_WORK_S + startup
         why = (
-            f"job timeout {seconds(deadline)} (the rendezvous deadline of {session.available_nodes} node(s) + "
-            f"{PROBE_WORK_S:g} s of probe work; estimated run {seconds(estimate)}, from {PROBE_WORK_S:g} s of "
-            f"work + {PROBE_STARTUP_S:g} s start-up)"
+            f"job timeout {seconds(deadline)} (the rendezvous deadline of {nodes} node(s) + "
+            f"{PROBE_WORK_S:g} s of probe work; estimated run {seconds(estimate)}, from {PROBE_EXPECTED_WORK_S:g} s "
+            f"of work + {startup:g} s expected start-up)"
         )
-        plan.add(PlannedJob("node-probe", session.available_nodes, 1, "quick", deadline, estimate,
-                            PROBE_STARTUP_S, why=why))  # fmt: skip
+        plan.add(PlannedJob("node-probe", nodes, 1, "quick", deadline, estimate, startup, why=why))
     for item in items:
         if item.get_closest_marker("skip") or session.unmet_requirements(item):
             continue
@@ -97,7 +103,81 @@ def session_plan(items: list[Any], session: GpuClusterSession) -> tuple[SessionP
             count = int(part.options.get(PLAN_COUNT, 1))
             plan.add(PlannedJob(part.name, part.nodes, ranks, tier, part.timeout_s, part.estimate_s,
                                 part.startup_s, shape, part.deadline, count))  # fmt: skip
+    plan.calibration, plan.calibration_note = calibration_run(session)
     return plan, errors
+
+
+HISTORY_RUNS_SEARCHED = 20
+"""How many of the history store's newest runs are searched for one of the same profile and tier."""
+
+
+def calibration_run(session: GpuClusterSession) -> tuple[RecordedRun | None, str]:
+    """The earlier run whose job times calibrate this session's plan, or None and why not (empty
+    when no earlier run was given): the ``--baseline`` results.json when it is a file, else the
+    newest run of the same profile and tier in the ``--gpucluster-history`` store."""
+    settings = session.settings
+    profile, tier = session.profile.name, _session_tier(session)
+    baseline = getattr(settings, "baseline", None)
+    if isinstance(baseline, Path):
+        run = _read_recorded(baseline)
+        if isinstance(run, str):
+            return None, run
+        why = run.mismatch(profile, tier)
+        return (None, why) if why else (run, "")
+    history = getattr(settings, "history", None)
+    if history is None:
+        return None, ""
+    return _from_history(Path(history), profile, tier)
+
+
+def _session_tier(session: GpuClusterSession) -> tuple[Any, ...] | None:
+    tier = session.tier
+    if tier is None:
+        return None
+    return tier_of(
+        {"name": tier.tier, "sweep": tier.sweep, "load_s": tier.load_s, "numerics_s": tier.numerics_s,
+         "soak_s": tier.soak_s}
+    )  # fmt: skip
+
+
+def _read_recorded(path: Path) -> RecordedRun | str:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        return f"cannot read --baseline {path}: {exc.strerror or exc}"
+    except json.JSONDecodeError as exc:
+        return f"--baseline {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+    if not isinstance(data, Mapping):
+        return f"--baseline {path} is not a results.json (not a JSON object)"
+    return recorded_run(data, str(path))
+
+
+def _from_history(db: Path, profile: str, tier: tuple[Any, ...] | None) -> tuple[RecordedRun | None, str]:
+    if not db.expanduser().is_file():
+        return None, f"the history store {db} holds no run yet"
+    from pytest_gpucluster.results.history.store import HistoryError, HistoryStore
+
+    try:
+        with HistoryStore.open(db, create=False) as store:
+            rows = store.query(
+                "SELECT id, header FROM runs WHERE profile = ? ORDER BY COALESCE(started_at, added_at) DESC, "
+                "id DESC LIMIT ?",
+                (profile, HISTORY_RUNS_SEARCHED),
+            )
+    except HistoryError as exc:
+        return None, str(exc)
+    for run_id, header in rows:
+        try:
+            data = json.loads(header)
+        except json.JSONDecodeError:
+            continue
+        run = recorded_run(data, f"history run #{run_id} ({db})")
+        if run.mismatch(profile, tier) is None:
+            return run, ""
+    return None, (
+        f"none of the {len(rows)} newest run(s) of profile {profile} in the history store {db} ran this tier "
+        "with recorded job times"
+    )
 
 
 def _plan_basis(session: GpuClusterSession) -> str:

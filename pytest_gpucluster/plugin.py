@@ -416,6 +416,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         from pytest_gpucluster.results.history.session_end import append_run
 
         gc.history_line = append_run(gc)
+    if gc.settings.drain:
+        from pytest_gpucluster.burnin.drain import SUSPECTS_FILE, drain_listed
+
+        gc.drain_lines = drain_listed(gc.results_dir / SUSPECTS_FILE)
 
 
 def _fail_closed(gc: GpuClusterSession) -> bool:
@@ -457,6 +461,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         lines += retest_lines(retest)
     if session.history_line:
         lines.append(session.history_line)
+    lines += session.drain_lines
     for line in lines:
         bad = line.startswith(
             (

@@ -2,7 +2,8 @@
 findings named a node to drain run again, on those nodes only and with the next longer tier's
 durations (quick -> standard -> burnin, ``plans/tiers.py``), their values recorded as retests
 (``results/retest.py`` decides which tests and judges the two measurements); the drain list
-then keeps only the suspects the retest confirmed, and ``--gpucluster-drain`` drains them.
+then keeps only the suspects the retest confirmed; ``--gpucluster-drain`` drains them at the
+end of the session.
 
 Called by `plugin.pytest_runtestloop`; runs items through pytest's own hooks (``item.ihook``),
 and does not import pytest itself.
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from pytest_gpucluster.plans.tiers import TierDurations
     from pytest_gpucluster.session import GpuClusterSession
 
-__all__ = ["drain_confirmed", "retest_suspects"]
+__all__ = ["keep_confirmed", "retest_suspects"]
 
 
 def retest_suspects(session: Session, gc: GpuClusterSession) -> None:
@@ -37,14 +38,12 @@ def retest_suspects(session: Session, gc: GpuClusterSession) -> None:
     listed = [(s.node, s.source) for s in read_suspects(gc.results_dir / SUSPECTS_FILE) if s.drainable]
     plan = plan_retest(recorder.measurements, recorder.outcomes, hosts, order, listed)
     if not plan.hosts:
-        drain_confirmed(gc, [])  # suspects that no finding names a host for are drained as before
         return
     if session.config.pluginmanager.hasplugin("dsession"):  # pytest-xdist runs the tests elsewhere
         recorder.header["retest"] = {
             "suspects": list(plan.hosts),
             "note": "not retested: the run used pytest-xdist (-n); run without -n to retest suspects",
         }
-        drain_confirmed(gc, [])
         return
     first_tier, longer = gc.tier, _longer_tier(gc)
     line = plan.line()
@@ -70,7 +69,7 @@ def retest_suspects(session: Session, gc: GpuClusterSession) -> None:
         record["tier"] = longer.tier
     recorder.header["retest"] = record
     recorder.flush()
-    drain_confirmed(gc, record["cleared"])
+    keep_confirmed(gc, record["cleared"])
 
 
 def _longer_tier(gc: GpuClusterSession) -> TierDurations | None:
@@ -84,15 +83,9 @@ def _longer_tier(gc: GpuClusterSession) -> TierDurations | None:
     return tier_durations(gc.profile.model, longer)
 
 
-def drain_confirmed(gc: GpuClusterSession, cleared: list[str]) -> None:
-    """The drain list without the suspects whose retest passed; with --gpucluster-drain, the
-    nodes left in it are drained now (the burn-in tests left that to the retest)."""
-    from pytest_gpucluster.burnin.drain import SUSPECTS_FILE, clear_suspects, drain_commands, run_drain
+def keep_confirmed(gc: GpuClusterSession, cleared: list[str]) -> None:
+    """The drain list without the suspects whose retest passed (``--gpucluster-drain`` drains
+    what is left at the end of the session, `burnin.drain.drain_listed`)."""
+    from pytest_gpucluster.burnin.drain import SUSPECTS_FILE, clear_suspects
 
-    left = clear_suspects(gc.results_dir / SUSPECTS_FILE, cleared)
-    write = gc.progress or print
-    commands = drain_commands(left)
-    if commands and gc.settings.drain:
-        write("retest of suspects: draining the confirmed nodes (--gpucluster-drain):")
-        for outcome in run_drain(commands):
-            write(f"  {outcome.line()}")
+    clear_suspects(gc.results_dir / SUSPECTS_FILE, cleared)

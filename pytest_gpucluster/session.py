@@ -19,7 +19,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -79,6 +79,8 @@ class GpuClusterSession:
     """The preflight's findings on the probed nodes (`session_preflight`); None when not judged."""
     """Why the nodes were not probed (a dry run), for skip reasons and the header."""
     history_line: str = ""
+    drain_lines: list[str] = field(default_factory=list)
+    """What ``--gpucluster-drain`` did at the end of the session (`burnin.drain.drain_listed`)."""
     """What appending this run to ``--gpucluster-history`` did, for the summary."""
     tier: TierDurations | None = None
     """The run's tier (``-m quick|standard|burnin``, `plans.tiers`) and its durations."""

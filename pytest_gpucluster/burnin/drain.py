@@ -40,6 +40,8 @@ __all__ = [
     "clear_suspects",
     "drain_argv",
     "drain_commands",
+    "drain_listed",
+    "listed_drain_commands",
     "read_suspects",
     "run_drain",
     "slurm_reason",
@@ -189,15 +191,24 @@ def _locked(path: Path) -> Any:
         os.close(fd)
 
 
-def read_suspects(path: Path) -> list[Suspect]:
-    """The suspects in ``path``; an absent file has none. A damaged one is an error naming it."""
+def _read_drain_list(path: Path) -> dict[str, Any] | None:
+    """The drain list's JSON object; None when there is no file. Unreadable or not JSON: an error
+    naming the file."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return []
+        return None
     except (OSError, json.JSONDecodeError) as exc:
         raise BurninError(f"cannot read {path}: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("suspects"), list):
+    return data if isinstance(data, dict) else {}
+
+
+def read_suspects(path: Path) -> list[Suspect]:
+    """The suspects in ``path``; an absent file has none. A damaged one is an error naming it."""
+    data = _read_drain_list(path)
+    if data is None:
+        return []
+    if not isinstance(data.get("suspects"), list):
         raise BurninError(f"{path} has no 'suspects' list; it was not written by pytest-gpucluster")
     try:
         return [Suspect.from_json(item) for item in data["suspects"]]
@@ -224,10 +235,10 @@ def write_suspects(path: Path, suspects: Iterable[Suspect]) -> list[Suspect]:
 
 def _stored_findings(path: Path) -> list[dict[str, Any]]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        data = _read_drain_list(path) or {}
+    except BurninError:
         return []
-    findings = data.get("findings") if isinstance(data, dict) else None
+    findings = data.get("findings")
     return list(findings) if isinstance(findings, list) else []
 
 
@@ -326,8 +337,9 @@ class SuspectLog:
         self.found += named
         write_suspects(self.path, named)
 
-    def finish(self, write: Callable[[str], None], *, drain: bool) -> None:
-        """Say who is suspect and how to drain them; run the drain commands with ``drain``."""
+    def finish(self, write: Callable[[str], None]) -> None:
+        """Say who is suspect and how to drain them. The drain itself waits for the end of the
+        session (`drain_listed`), when the run's findings have added their hosts to the list."""
         if not self.found:
             write(f"burn-in: no suspect node ({self.path})")
             return
@@ -335,11 +347,36 @@ class SuspectLog:
         for suspect in self.found:
             write(f"  {suspect.line()}")
         commands = drain_commands(self.found)
-        if commands and drain:
-            write("burn-in: draining (--gpucluster-drain):")
-            for outcome in run_drain(commands):
-                write(f"  {outcome.line()}")
-        elif commands:
-            write("burn-in: to drain them (run by --gpucluster-drain):")
+        if commands:
+            write("burn-in: to drain them (run at the end of the session by --gpucluster-drain):")
             for argv in commands:
                 write(f"  {shell_line(argv)}")
+
+
+def listed_drain_commands(path: Path) -> list[list[str]]:
+    """The drain commands the drain list at ``path`` holds: one per host that a suspect or a finding
+    needs drained (`_write_payload`). No file: none. A damaged one is an error naming it."""
+    data = _read_drain_list(path)
+    if data is None:
+        return []
+    commands = data.get("drain_commands")
+    if not isinstance(commands, list) or not all(
+        isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv) for argv in commands
+    ):
+        raise BurninError(f"{path}: 'drain_commands' is not a list of argv lists of strings")
+    return [list(argv) for argv in commands]
+
+
+def drain_listed(path: Path, *, run: Runner = subprocess.run) -> list[str]:
+    """``--gpucluster-drain`` at the end of a session: run every command of the drain list (the
+    burn-in's suspects and the findings whose next action takes a host out of scheduling), once
+    each, in the controller; the lines say what was done. Argv lists, never a shell."""
+    try:
+        commands = listed_drain_commands(path)
+    except BurninError as exc:
+        return [f"drain (--gpucluster-drain): nothing drained: {exc}"]
+    if not commands:
+        return [f"drain (--gpucluster-drain): no host to drain ({path})"]
+    lines = [f"drain (--gpucluster-drain): {len(commands)} host(s) from {path}:"]
+    lines += [f"  {outcome.line()}" for outcome in run_drain(commands, run=run)]
+    return lines

@@ -108,8 +108,9 @@ def add_options(parser: pytest.Parser) -> None:
         dest="gpucluster_drain",
         action="store_true",
         default=False,
-        help="burn-in: run the printed 'scontrol update ... State=DRAIN' command for each suspect node "
-        "(without it, suspects.json is written and the commands are only printed)",
+        help="at the end of the session, run the drain list's 'scontrol update ... State=DRAIN' command "
+        "for each host a burn-in suspect or a finding needs drained (without it, suspects.json is "
+        "written and the commands are only printed)",
     )
 
 

@@ -19,13 +19,12 @@ from typing import Any
 
 from pytest_gpucluster.harness import Part
 from pytest_gpucluster.plans.burnin_deadlines import (
-    COUNTERS_WORK_S,
-    DCGM_STARTUP_S,
-    FABRIC_WORK_S,
-    STARTUP_S,
     counters_deadline,
+    counters_estimate,
     dcgm_deadline,
+    dcgm_estimate,
     fabric_deadline,
+    fabric_estimate,
     health_deadline,
     health_estimate,
     pair_deadline,
@@ -33,6 +32,7 @@ from pytest_gpucluster.plans.burnin_deadlines import (
     straggler_sweep_deadline,
     straggler_sweep_estimate,
 )
+from pytest_gpucluster.plans.startup import expected_startup_s
 
 __all__ = [
     "DCGM",
@@ -80,14 +80,16 @@ INJECTED_DELAY_S = 0.02
 """The self-test's straggler sleeps this long before each timed call: far above any tolerance."""
 
 
-def health_part(nodes: int, settings: Any, load_s: float = 5.0) -> Part:
+def health_part(nodes: int, settings: Any, load_s: float = 5.0, *, backend: str = "nccl") -> Part:
     """The health job on ``nodes`` nodes, each GPU loaded for ``load_s`` (the tier's ``load``, else
     ``burnin.load_duration``), its deadline `burnin_deadlines.health_deadline` (``settings``: the
-    session's, for ``--job-timeout`` and ``--rendezvous-timeout``)."""
+    session's, for ``--job-timeout`` and ``--rendezvous-timeout``); ``backend`` (the profile's)
+    chooses the expected start-up and work of its estimate (`burnin_deadlines.health_estimate`)."""
     deadline = health_deadline(nodes, settings, load_s)
     return Part(
         "burnin-health", HEALTH, {"load_s": load_s}, nodes=nodes, timeout_s=deadline.seconds,
-        deadline=deadline.text, estimate_s=health_estimate(load_s), startup_s=STARTUP_S,
+        deadline=deadline.text, estimate_s=health_estimate(load_s, backend, nodes),
+        startup_s=expected_startup_s(nodes, backend),
     )  # fmt: skip
 
 
@@ -101,7 +103,7 @@ def straggler_sweep_part(nodes: int, settings: Any, backend: str, inject_rank: i
     deadline = straggler_sweep_deadline(options, backend, nodes, settings)
     return Part(
         name, SWEEP, options, nodes=nodes, timeout_s=deadline.seconds, deadline=deadline.text,
-        estimate_s=straggler_sweep_estimate(options, backend), startup_s=STARTUP_S,
+        estimate_s=straggler_sweep_estimate(options, backend, nodes), startup_s=expected_startup_s(nodes, backend),
     )  # fmt: skip
 
 
@@ -125,31 +127,34 @@ each run level (dcgmi diag reference: level 1 seconds, 2 about 2 minutes, 3 abou
 1-2 hours); the deadline is the level's timeout (``burnin.dcgm``), far beyond."""
 
 
-def counters_part(nodes: int, settings: Any) -> Part:
+def counters_part(nodes: int, settings: Any, *, backend: str = "nccl") -> Part:
     """The ECC/XID counters' reading on every node (test_counters_before and _after each run one)."""
     deadline = counters_deadline(nodes, settings)
     return Part(
         "burnin-counters", COUNTERS, nodes=nodes, timeout_s=deadline.seconds, deadline=deadline.text,
-        estimate_s=COUNTERS_WORK_S + STARTUP_S, startup_s=STARTUP_S, shareable=False,
+        estimate_s=counters_estimate(backend, nodes), startup_s=expected_startup_s(nodes, backend),
+        shareable=False,
     )  # fmt: skip
 
 
-def fabric_part(nodes: int, settings: Any) -> Part:
+def fabric_part(nodes: int, settings: Any, *, backend: str = "nccl") -> Part:
     """The fabric ports' reading, one rank per node (test_fabric_before and _after each run one)."""
     deadline = fabric_deadline(nodes, settings)
     return Part(
         "burnin-fabric", FABRIC, fabric_options(), nodes=nodes, nproc_per_node=1, timeout_s=deadline.seconds,
-        deadline=deadline.text, estimate_s=FABRIC_WORK_S + STARTUP_S, startup_s=STARTUP_S, shareable=False,
+        deadline=deadline.text, estimate_s=fabric_estimate(backend, nodes),
+        startup_s=expected_startup_s(nodes, backend), shareable=False,
     )  # fmt: skip
 
 
-def dcgm_part(level: int, diag_timeout_s: float, nodes: int, settings: Any) -> Part:
+def dcgm_part(level: int, diag_timeout_s: float, nodes: int, settings: Any, *, backend: str = "nccl") -> Part:
     """``dcgmi diag -r <level>`` on every node: estimated from the level (:data:`DCGM_LEVEL_ESTIMATE_S`)."""
     deadline = dcgm_deadline(diag_timeout_s, nodes, settings)
     return Part(
         "burnin-dcgm", DCGM, dcgm_options(level, diag_timeout_s), nodes=nodes, nproc_per_node=1,
         timeout_s=deadline.seconds, deadline=deadline.text,
-        estimate_s=DCGM_LEVEL_ESTIMATE_S[level] + DCGM_STARTUP_S, startup_s=DCGM_STARTUP_S, shareable=False,
+        estimate_s=dcgm_estimate(DCGM_LEVEL_ESTIMATE_S[level], backend, nodes),
+        startup_s=expected_startup_s(nodes, backend), shareable=False,
     )  # fmt: skip
 
 
@@ -162,6 +167,6 @@ def pairwise_parts(nodes: int, size_bytes: int, iters: int, backend: str, settin
     count, estimate = nodes // 2 + 2, pair_estimate(size_bytes, iters, backend)
     part = Part(
         "burnin-pair", PAIR, {"plan_count": count}, nodes=2, timeout_s=deadline.seconds,
-        deadline=deadline.text, estimate_s=estimate, startup_s=STARTUP_S, shareable=False,
+        deadline=deadline.text, estimate_s=estimate, startup_s=expected_startup_s(2, backend), shareable=False,
     )  # fmt: skip
     return [part]

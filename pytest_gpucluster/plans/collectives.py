@@ -29,17 +29,18 @@ from pytest_gpucluster.plans.deadlines import (
     floor_rate,
     rendezvous_allowance,
 )
+from pytest_gpucluster.plans.startup import STARTUP_ALLOWANCE_S, expected_startup_s
 from pytest_gpucluster.profiles.nccl_env import scope_env
 from pytest_gpucluster.profiles.schema import ClusterSection, CollectivesSection, ProfileModel, SweepSettings
 from pytest_gpucluster.results.model import Check
 
 __all__ = [
-    "SWEEP_STARTUP_S",
     "WORKLOAD",
     "SweepRequest",
     "confirmation_part",
     "estimate_sweep_runtime",
     "expected_busbw",
+    "expected_sweep_run",
     "job_env",
     "job_options",
     "job_timeout",
@@ -49,11 +50,12 @@ __all__ = [
 ]
 
 WORKLOAD = "pytest_gpucluster.workloads.collectives:sweep_many"
-SWEEP_STARTUP_S = 120.0
-"""The start-up a sweep's deadline and estimate count; the rendezvous allowance adds what the
-session's ``--rendezvous-timeout`` grants beyond it."""
 PER_SWEEP_S = 5.0
-"""What each sweep of a job adds to its deadline and estimate (its set-up and per-size sync)."""
+"""What each sweep of a job adds to its deadline and estimate (its set-up and per-size sync).
+
+A sweep's deadline counts `plans.startup.STARTUP_ALLOWANCE_S` of start-up (the rendezvous
+allowance adds what the session's ``--rendezvous-timeout`` grants beyond it); the plan's estimate
+the expected start-up (`plans.startup.expected_startup_s`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,11 +141,11 @@ def _floor_work(
     floor = floor_rate(backend)
     calls = _calls(settings, repeat)
     moved = sum(sum(sweep_sizes(r.min_bytes, r.max_bytes, r.factor)) * calls for r in requests)
-    total = SWEEP_STARTUP_S + PER_SWEEP_S * len(requests) + moved / floor
+    total = STARTUP_ALLOWANCE_S + PER_SWEEP_S * len(requests) + moved / floor
     text = (
         f"derived from the work: {moved / 1e9:.4g} GB moved ({calls} calls per size) at a "
         f"{floor / 1e9:g} GB/s floor + {PER_SWEEP_S:g} s x {len(requests)} sweep(s) + "
-        f"{SWEEP_STARTUP_S:g} s start-up"
+        f"{STARTUP_ALLOWANCE_S:g} s start-up"
     )
     return total, text
 
@@ -169,9 +171,44 @@ def estimate_sweep_runtime(
     cluster: ClusterSection,
     nranks: int,
 ) -> tuple[float, str] | str:
-    """How long a healthy run of the case's sweeps takes: every call of every size at the expected
-    bus bandwidth (time = size x bus factor / busbw, nccl-tests' definition turned round), ``repeat``
-    times, plus the start-up and per-sweep costs `job_timeout` counts; or why it cannot be said."""
+    """How long a healthy run of the case's sweeps takes, as its deadline counts it: the work
+    (`expected_sweep_run`'s) plus the start-up allowance `job_timeout` counts; or why it cannot be
+    said."""
+    work = _sweep_work(case, requests, section, cluster, nranks)
+    if isinstance(work, str):
+        return work
+    seconds, text = work
+    return seconds + STARTUP_ALLOWANCE_S, f"{text} + {STARTUP_ALLOWANCE_S:g} s start-up"
+
+
+def expected_sweep_run(
+    case: Case,
+    requests: Sequence[SweepRequest],
+    section: CollectivesSection,
+    cluster: ClusterSection,
+    *,
+    nodes: int,
+    ranks_per_node: int,
+    backend: str,
+) -> float | None:
+    """What the plan counts for the case's sweeps: the work at the expected bandwidth plus the
+    expected start-up of a job on ``nodes`` nodes (`plans.startup.expected_startup_s`); None when
+    the bandwidth is unknown."""
+    work = _sweep_work(case, requests, section, cluster, nodes * ranks_per_node)
+    if isinstance(work, str):
+        return None
+    return work[0] + expected_startup_s(nodes, backend)
+
+
+def _sweep_work(
+    case: Case,
+    requests: Sequence[SweepRequest],
+    section: CollectivesSection,
+    cluster: ClusterSection,
+    nranks: int,
+) -> tuple[float, str] | str:
+    """Every call of every size at the expected bus bandwidth (time = size x bus factor / busbw,
+    nccl-tests' definition turned round), ``repeat`` times, plus the per-sweep cost; or why not."""
     expected = expected_busbw(case, cluster)
     if expected is None:
         return f"no expected bandwidth for {case.id} (no min_busbw floor, no link figure in cluster:)"
@@ -179,10 +216,10 @@ def estimate_sweep_runtime(
     calls = _calls(section.sweep, section.repeat)
     factor = bus_factor(case.collective, max(nranks, 1)) or 1.0
     sized = sum(sum(sweep_sizes(r.min_bytes, r.max_bytes, r.factor)) for r in requests)
-    seconds = SWEEP_STARTUP_S + PER_SWEEP_S * len(requests) + sized * calls * factor / busbw
+    seconds = PER_SWEEP_S * len(requests) + sized * calls * factor / busbw
     text = (
         f"{sized / 1e9:.4g} GB of sizes x {calls} calls x bus factor {factor:.3g} at {busbw / 1e9:.4g} GB/s "
-        f"({where}) + {PER_SWEEP_S:g} s x {len(requests)} sweep(s) + {SWEEP_STARTUP_S:g} s start-up"
+        f"({where}) + {PER_SWEEP_S:g} s x {len(requests)} sweep(s)"
     )
     return seconds, text
 
@@ -215,7 +252,7 @@ def sweep_deadline(
         why = f"{DEADLINE_MARGIN:g} x the estimated run, above the floor-rate deadline"
     if settings is not None:
         allowance, allowance_why = rendezvous_allowance(
-            nodes, settings, covered_s=SWEEP_STARTUP_S, covered_by="the sweep's"
+            nodes, settings, covered_s=STARTUP_ALLOWANCE_S, covered_by="the sweep's"
         )
         floor_s, why = floor_s + allowance, f"{why} + {allowance_why}"
     return Deadline(floor_s, why, estimated, _estimate_text(estimate))
@@ -259,6 +296,13 @@ def sweep_part(
         case, requests, section, backend,
         nranks=nodes * (ranks_per_node or 1), nodes=nodes, cluster=cluster, settings=settings,
     )  # fmt: skip
+    estimate = (
+        expected_sweep_run(
+            case, requests, section, cluster, nodes=nodes, ranks_per_node=ranks_per_node or 1, backend=backend
+        )
+        if cluster is not None
+        else None
+    )
     return Part(
         name=f"collectives-{case.id}",
         workload=WORKLOAD,
@@ -267,8 +311,8 @@ def sweep_part(
         env=dict(env or {}),
         timeout_s=deadline.seconds,
         deadline=deadline.text,
-        estimate_s=deadline.estimate_s,
-        startup_s=SWEEP_STARTUP_S,
+        estimate_s=estimate,
+        startup_s=expected_startup_s(nodes, backend),
     )
 
 

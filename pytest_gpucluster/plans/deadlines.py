@@ -8,7 +8,7 @@ before anyone noticed, the other be killed healthy. So an SFT case's deadline co
    override for every job that has no ``timeout:`` of its own;
 3. the work: :data:`DEADLINE_MARGIN` times the case's estimated run time
    (`profiles.estimates.estimate_case_runtime`: steps x a deliberately slow step at 15% MFU of the
-   device's peak, plus 180 s start-up), plus the rendezvous allowance (`rendezvous_allowance`: what
+   device's peak, plus the 180 s start-up allowance, `plans.startup`), plus the rendezvous allowance (`rendezvous_allowance`: what
    the session's ``--rendezvous-timeout``, scaled for the job's node count, grants the ranks to
    start beyond those 180 s; a site that needs minutes of container start-up says so there, and
    its derived deadlines grow with it), at least :data:`MIN_DERIVED_S`;
@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_gpucluster.launch.job import rendezvous_deadline
+from pytest_gpucluster.plans.startup import LONG_STARTUP_ALLOWANCE_S, sft_startup_s
 from pytest_gpucluster.profiles.estimates import (
     DEFAULT_JOB_TIMEOUT_S,
-    STARTUP_S,
     RuntimeEstimate,
     estimate_case_runtime,
 )
@@ -48,6 +48,7 @@ __all__ = [
     "floor_rate",
     "rendezvous_allowance",
     "sft_deadline",
+    "sft_estimate",
 ]
 
 DEADLINE_MARGIN = 1.5
@@ -119,13 +120,28 @@ def sft_deadline(case: SftCase, profile: ProfileModel, *, nodes: int, settings: 
     return Deadline(DEFAULT_JOB_TIMEOUT_S, "--job-timeout default", None, how)
 
 
+def sft_estimate(case: SftCase, profile: ProfileModel, *, nodes: int) -> float | None:
+    """What the plan counts for one job training ``case`` on ``nodes`` nodes: its steps (at the
+    estimate's slow MFU, `profiles.estimates`) plus the expected start-up and set-up of a training
+    job (`plans.startup.sft_startup_s`), not the deadline's 180 s allowance; None where the steps
+    cannot be estimated."""
+    estimate = estimate_case_runtime(case, profile.cluster, nodes=nodes, peak_flops=_peak(profile))
+    if not isinstance(estimate, RuntimeEstimate):
+        return None
+    return estimate.work_s + sft_startup_s(nodes, profile.cluster.backend)
+
+
 def rendezvous_allowance(
-    nodes: int, settings: Any, *, covered_s: float = STARTUP_S, covered_by: str = "the estimate's"
+    nodes: int,
+    settings: Any,
+    *,
+    covered_s: float = LONG_STARTUP_ALLOWANCE_S,
+    covered_by: str = "the estimate's",
 ) -> tuple[float, str]:
     """``max(0, rendezvous deadline - covered_s)`` and the sentence the dry run shows: the start-up
     time the session grants ranks (``--rendezvous-timeout`` for ``nodes`` nodes,
-    `launch.job.rendezvous_deadline`) that the work's own start-up (``covered_s``: the SFT
-    estimate's 180 s by default, a sweep's 120 s) does not already cover."""
+    `launch.job.rendezvous_deadline`) that the work's own start-up allowance (``covered_s``: the SFT
+    estimate's 180 s by default, a sweep's 120 s, `plans.startup`) does not already cover."""
     granted = rendezvous_deadline(max(nodes, 1), settings.rendezvous_timeout)
     allowance = max(0.0, granted - covered_s)
     source = settings.source("rendezvous_timeout")

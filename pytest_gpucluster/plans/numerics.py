@@ -20,6 +20,7 @@ from typing import Any
 from pytest_gpucluster.checks.numerics import Floor
 from pytest_gpucluster.harness import Part
 from pytest_gpucluster.plans.deadlines import Deadline, explicit_timeout, rendezvous_allowance
+from pytest_gpucluster.plans.startup import STARTUP_ALLOWANCE_S, expected_startup_s
 from pytest_gpucluster.profiles.findings import seconds
 from pytest_gpucluster.profiles.schema import ProfileModel
 from pytest_gpucluster.results.model import ThresholdRef
@@ -43,8 +44,6 @@ INJECT_BIT = 0
 """The self-test flips the lowest mantissa bit of one element: the smallest corruption there is."""
 SELF_TEST_DURATION_S = 0.0
 """The self-test runs every seed its minimum number of times and no longer."""
-STARTUP_S = 120.0
-"""Start-up covered before the rendezvous allowance, as the burn-in jobs have."""
 SETUP_S_PER_DTYPE = 60.0
 """Deliberately generous per dtype beyond its share of the duration: inputs made on the device,
 the known answer in float64 on the host, the warm-up chain and the minimum repeats of every seed
@@ -79,8 +78,9 @@ def numerics_options(model: ProfileModel, *, inject_rank: int | None = None) -> 
 def numerics_deadline(
     model: ProfileModel, nodes: int, settings: Any, duration_s: float | None = None
 ) -> Deadline:
-    """``--job-timeout`` when set, else the duration + a set-up allowance per dtype + start-up, plus
-    the rendezvous allowance."""
+    """``--job-timeout`` when set, else the duration + a set-up allowance per dtype + the start-up
+    allowance (`plans.startup.STARTUP_ALLOWANCE_S`, as the burn-in jobs have), plus the rendezvous
+    allowance."""
     override = explicit_timeout(settings)
     if override is not None:
         return override
@@ -88,27 +88,29 @@ def numerics_deadline(
     dtypes = len(model.numerics.dtypes or DEFAULT_DTYPES[model.cluster.device])
     work = duration + SETUP_S_PER_DTYPE * dtypes
     allowance, allowance_why = rendezvous_allowance(
-        nodes, settings, covered_s=STARTUP_S, covered_by="the job's"
+        nodes, settings, covered_s=STARTUP_ALLOWANCE_S, covered_by="the job's"
     )
     why = (
         f"derived: numerics.duration {seconds(duration)} + {SETUP_S_PER_DTYPE:g} s set-up x {dtypes} dtypes "
-        f"+ {STARTUP_S:g} s start-up + {allowance_why}"
+        f"+ {STARTUP_ALLOWANCE_S:g} s start-up + {allowance_why}"
     )
     estimate = duration + EXPECTED_SETUP_S_PER_DTYPE * dtypes
     how = f"the duration + {EXPECTED_SETUP_S_PER_DTYPE:g} s per dtype"
-    return Deadline(work + STARTUP_S + allowance, why, estimate, how)
+    return Deadline(work + STARTUP_ALLOWANCE_S + allowance, why, estimate, how)
 
 
 def numerics_part(model: ProfileModel, nodes: int, settings: Any, *, inject_rank: int | None = None) -> Part:
-    """The numerics job on ``nodes`` nodes (the self-test's with ``inject_rank``)."""
+    """The numerics job on ``nodes`` nodes (the self-test's with ``inject_rank``); its estimate the
+    deadline's expected work plus the job's expected start-up (`plans.startup.expected_startup_s`)."""
     options = numerics_options(model, inject_rank=inject_rank)
     deadline = numerics_deadline(model, nodes, settings, options["duration_s"])
     env = {"CUBLAS_WORKSPACE_CONFIG": CUBLAS_WORKSPACE} if model.cluster.device == "cuda" else {}
     name = "numerics-injected-corruption" if inject_rank is not None else "numerics"
-    estimate = deadline.estimate_s + STARTUP_S if deadline.estimate_s is not None else None
+    startup = expected_startup_s(nodes, model.cluster.backend)
+    estimate = deadline.estimate_s + startup if deadline.estimate_s is not None else None
     return Part(
         name, NUMERICS, options, nodes=nodes, env=env, timeout_s=deadline.seconds, deadline=deadline.text,
-        estimate_s=estimate, startup_s=STARTUP_S,
+        estimate_s=estimate, startup_s=startup,
     )  # fmt: skip
 
 

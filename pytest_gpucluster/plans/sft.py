@@ -14,7 +14,7 @@ from typing import Any
 from pytest_gpucluster.errors import ParseError, ProfileError
 from pytest_gpucluster.harness import Part
 from pytest_gpucluster.maths.shapes import SHAPES
-from pytest_gpucluster.profiles.estimates import STARTUP_S
+from pytest_gpucluster.plans.startup import sft_startup_s
 from pytest_gpucluster.profiles.schema import ClusterSection, ProfileModel, ScalingSection, SftCase
 
 __all__ = [
@@ -89,7 +89,7 @@ def sft_part(
     estimate_s: float | None = None,
 ) -> Part:
     """Train ``case`` on ``nodes`` x ``nproc_per_node`` ranks under ``timeout_s`` (``deadline``: how it
-    was chosen, `plans.deadlines`). The same case at the same size is the same part: test_scaling
+    was chosen, `plans.deadlines`; ``estimate_s``: `plans.deadlines.sft_estimate`). The same case at the same size is the same part: test_scaling
     reuses test_sft's run (one launch fewer, the same numbers in both)."""
     return Part(
         name=f"sft-{case.name}-{nodes}x{nproc_per_node}",
@@ -101,7 +101,7 @@ def sft_part(
         deadline=deadline,
         measures_memory=True,
         estimate_s=estimate_s,
-        startup_s=STARTUP_S,
+        startup_s=sft_startup_s(nodes, profile.cluster.backend),
     )
 
 

@@ -76,6 +76,11 @@ class RunResults:
     history: dict[str, Any] | None = None
     """With ``--gpucluster-history``: each node's failures in the last runs of the store before
     this one (``results/history/column.py``), for the report's node matrix."""
+    tier: dict[str, Any] | None = None
+    """The run's tier and its durations (``session_header``)."""
+    jobs: tuple[dict[str, Any], ...] = ()
+    """Each job's parts, nodes x ranks, estimate and real time (``harness.job_timing``): what a
+    later dry run calibrates its plan with (``plans/calibration.py``)."""
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], source: str) -> RunResults:
@@ -113,6 +118,8 @@ class RunResults:
             fleet=data.get("fleet"),
             retest=data.get("retest"),
             history=data.get("history"),
+            tier=data.get("tier") if isinstance(data.get("tier"), Mapping) else None,
+            jobs=tuple(dict(j) for j in data.get("jobs") or () if isinstance(j, Mapping)),
             nodes=tuple(
                 dict(n) for n in (data.get("nodes") or {}).get("nodes") or () if isinstance(n, Mapping)
             ),

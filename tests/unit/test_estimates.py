@@ -7,7 +7,7 @@ from pytest_gpucluster.profiles.estimates import (
     DEFAULT_JOB_TIMEOUT_S,
     ESTIMATE_MFU,
     HOST_ADAM_PARAMS_PER_S,
-    STARTUP_S,
+    STARTUP_ALLOWANCE_S,
     estimate_case_runtime,
     estimate_memory,
     estimate_step_time,
@@ -104,7 +104,7 @@ def test_case_runtime_counts_warmup_and_startup():
     cluster = ClusterSection(gpus_per_node=8, peak_flops="989TFLOP/s")
     estimate = estimate_case_runtime(case, cluster)
     step, _ = estimate_step_time(LLAMA_7B, micro_batch=1, grad_accum=1, seq_len=512, peak_flops=989e12)
-    assert estimate.total_s == pytest.approx(STARTUP_S + 12 * step)
+    assert estimate.total_s == pytest.approx(STARTUP_ALLOWANCE_S + 12 * step)
     assert estimate.total_s < DEFAULT_JOB_TIMEOUT_S
 
 

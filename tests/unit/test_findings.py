@@ -231,3 +231,38 @@ def test_a_failed_job_links_the_job_directory_its_message_names(tmp_path):
         "jobs/sft-tiny-zero2-1x2-004738-76c318/",
         "/elsewhere/jobs/nccl-probe-1/",
     ]
+
+
+def test_drain_at_the_end_runs_the_findings_hosts_too_without_any_burn_in_suspect(tmp_path):
+    """--gpucluster-drain drains what the findings say needs draining, not only the burn-in's
+    suspects: a slow GPU a health value names, with no suspects.json written by any test."""
+    from pytest_gpucluster.burnin.drain import drain_listed
+
+    recorder = Recorder(tmp_path / "results.json", header={"fingerprint": {"hosts": ["node01", "node02"]}})
+    recorder.measurements.extend(_gpus(slow=("node02", "5")))
+    finish_run(recorder, tmp_path, None, 0.05)
+    calls: list[list[str]] = []
+
+    def fake_run(argv, **kwargs):
+        assert "shell" not in kwargs
+        calls.append(argv)
+        return __import__("subprocess").CompletedProcess(argv, 0, "", "")
+
+    lines = drain_listed(tmp_path / SUSPECTS_FILE, run=fake_run)
+    assert [argv[:4] for argv in calls] == [["scontrol", "update", "NodeName=node02", "State=DRAIN"]]
+    assert calls[0][4] == "Reason=gpucluster burn-in: burnin.gpu_matmul: reset GPU"
+    assert lines[0].startswith("drain (--gpucluster-drain): 1 host(s) from ")
+    assert lines[1].startswith("  done: scontrol update NodeName=node02 State=DRAIN")
+
+
+def test_drain_at_the_end_says_why_nothing_was_drained(tmp_path):
+    from pytest_gpucluster.burnin.drain import drain_listed
+
+    path = tmp_path / SUSPECTS_FILE
+    assert drain_listed(path) == [f"drain (--gpucluster-drain): no host to drain ({path})"]
+    path.write_text('{"suspects": [], "drain_commands": "scontrol update NodeName=x"}')
+    (line,) = drain_listed(path)
+    assert line == (
+        f"drain (--gpucluster-drain): nothing drained: {path}: 'drain_commands' is not a list of argv "
+        "lists of strings"
+    )

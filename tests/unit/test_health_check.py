@@ -3,11 +3,14 @@ command as an argv list whatever the reason holds, the quick tier on this machin
 
 from __future__ import annotations
 
+import argparse
 import json
+import subprocess
 from pathlib import Path
 
+from pytest_gpucluster import health_check
 from pytest_gpucluster.burnin.drain import drain_argv
-from pytest_gpucluster.health_check import REASON_LIMIT, pytest_argv, verdict_of
+from pytest_gpucluster.health_check import REASON_LIMIT, add_health_check_command, pytest_argv, verdict_of
 
 RUN = Path(__file__).parents[1] / "data" / "results" / "cpu_local_run.json"
 
@@ -66,3 +69,22 @@ def test_the_quick_tier_runs_on_this_machine_only(tmp_path):
     assert argv[1:3] == ["-m", "pytest"] and argv[argv.index("-m", 3) + 1] == "quick"
     assert "--launcher=torchrun" in argv and not any(a.startswith("--hostfile") for a in argv)
     assert argv[-3:] == ["--hw=h200-sxm", "-p", "x"]
+
+
+def test_a_node_name_that_names_several_nodes_is_not_drained(tmp_path, monkeypatch, capsys):
+    """--drain on a failing run: burn-in's drain_argv refuses 'n[1-3]' (it would drain three nodes),
+    so scontrol is never run and the check still exits 1 with its verdict."""
+    calls = []
+
+    def fake_run(argv, **kwargs):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 1, "1 failed\n", "")
+
+    monkeypatch.setattr(health_check.subprocess, "run", fake_run)
+    parser = argparse.ArgumentParser()
+    add_health_check_command(parser.add_subparsers())
+    args = parser.parse_args(["health-check", "--suite", str(tmp_path), "--node", "n[1-3]", "--drain"])
+    assert args.func(args) == 1
+    assert len(calls) == 1 and calls[0][1:3] == ["-m", "pytest"]  # the quick tier, and no scontrol
+    err = capsys.readouterr().err
+    assert "not drained: cannot build a drain command for node 'n[1-3]'" in err

@@ -34,17 +34,22 @@ READ = (
 def unprivileged():
     if os.geteuid() != 0 or not shutil.which("runuser") or not shutil.which("useradd"):
         pytest.skip("needs root with useradd and runuser to make and use an unprivileged account")
-    if subprocess.run(["id", USER], capture_output=True, check=False).returncode != 0:
-        subprocess.run(["useradd", "-M", "-s", "/bin/sh", USER], check=True, capture_output=True)
     before = RESTRICT.read_text().strip() if RESTRICT.exists() else None
     if before == "0":
         try:
             RESTRICT.write_text("1\n")
         except OSError as exc:
             pytest.skip(f"kernel.dmesg_restrict cannot be set here: {exc}")
-    yield
-    if before == "0":
-        RESTRICT.write_text("0\n")
+    made = subprocess.run(["id", USER], capture_output=True, check=False).returncode != 0
+    if made:
+        subprocess.run(["useradd", "-M", "-s", "/bin/sh", USER], check=True, capture_output=True)
+    try:
+        yield
+    finally:
+        if before == "0":
+            RESTRICT.write_text("0\n")
+        if made:  # the machine is left with no account the test made
+            subprocess.run(["userdel", USER], capture_output=True, check=False)
 
 
 def _python_for(user: str) -> str:

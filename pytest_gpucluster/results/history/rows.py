@@ -33,9 +33,9 @@ __all__ = [
     "run_rows",
 ]
 
-HEADER_KEYS = ("started_at", "profile", "fingerprint", "nccl_env", "regression", "fleet")
+HEADER_KEYS = ("started_at", "profile", "fingerprint", "nccl_env", "regression", "fleet", "tier", "jobs")
 """What of a results.json's header the store keeps (with the nodes' facts), to rebuild the run
-for the regression gate."""
+for the regression gate, and its job times for a later dry run's calibration (``plans/calibration.py``)."""
 
 
 def component_of(labels: Mapping[str, Any]) -> str | None:
@@ -117,7 +117,7 @@ def run_rows(run: RunResults, *, added_at: float | None = None) -> RunRows:
     header: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
     for name in HEADER_KEYS:
         value = getattr(run, name)
-        if value not in (None, {}):
+        if value not in (None, {}, ()):
             header[name] = value
     if run.nodes:
         header["nodes"] = {"nodes": list(run.nodes)}
