@@ -27,7 +27,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_summary_format import fmt, labels_text, read_json, threshold_text, verdict_of
+from gpu_summary_format import (
+    failed_tests,
+    fmt,
+    labels_text,
+    outcome_counts,
+    outcome_lines,
+    read_json,
+    threshold_text,
+    verdict_of,
+)
 from gpu_summary_numerics import numerics_headline, numerics_lines
 
 EXIT_MEANINGS = {
@@ -160,19 +169,7 @@ def tier_lines(name: str, results: Mapping[str, Any] | None) -> list[str]:
         f" (health load {own(tier.get('load_s'))}, numerics {own(tier.get('numerics_s'))}, sweeps"
         f" {tier.get('sweep')})"
     )
-    outcomes = results.get("outcomes") or []
-    counts: dict[str, int] = defaultdict(int)
-    for o in outcomes:
-        counts[str(o.get("outcome"))] += 1
-    lines.append("tests: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none recorded"))
-    for o in outcomes:
-        if o.get("outcome") in ("failed", "error"):
-            message = " ".join(str(o.get("message") or "").split())[:400]
-            lines.append(f"  FAILED {o.get('test_id')}: {message}")
-    for o in outcomes:
-        if o.get("outcome") == "skipped":
-            message = " ".join(str(o.get("message") or "").split())[:200]
-            lines.append(f"  skipped {str(o.get('test_id')).split('::')[-1]}: {message}")
+    lines += outcome_lines(results)
     jobs = results.get("jobs") or []
     if jobs:
         lines.append("jobs (actual / estimate / deadline, seconds):")
@@ -288,18 +285,10 @@ def headline_lines(
     for name, results in loaded.items():
         if name == "numerics" or results is None:
             continue
-        counts: dict[str, int] = defaultdict(int)
-        for o in results.get("outcomes") or []:
-            counts[str(o.get("outcome"))] += 1
-        failed = [
-            str(o.get("test_id")).split("::")[-1]
-            for o in results.get("outcomes") or []
-            if o.get("outcome") in ("failed", "error")
-        ]
+        failed = [str(o.get("test_id")).split("::")[-1] for o in failed_tests(results)]
         profile = (results.get("profile") or {}).get("name")
         lines.append(
-            f"{name}: profile {profile}; "
-            + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+            f"{name}: profile {profile}; {outcome_counts(results)}"
             + (f"; failed: {', '.join(failed)}" if failed else "")
         )
     sft = [

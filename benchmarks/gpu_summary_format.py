@@ -13,7 +13,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pytest_gpucluster.results.text import format_value
 
-__all__ = ["fmt", "labels_text", "outcome", "outcome_message", "read_json", "threshold_text", "verdict_of"]
+__all__ = [
+    "failed_tests",
+    "fmt",
+    "labels_text",
+    "outcome",
+    "outcome_counts",
+    "outcome_lines",
+    "outcome_message",
+    "read_json",
+    "threshold_text",
+    "verdict_of",
+]
 
 
 def read_json(path: Path) -> Any | None:
@@ -54,3 +65,27 @@ def outcome_message(results: Mapping[str, Any], test_name: str, default: str) ->
     if o is None:
         return default
     return f"{o.get('outcome')}: {' '.join(str(o.get('message') or '').split())[:300]}"
+
+
+def outcome_counts(results: Mapping[str, Any]) -> str:
+    """``2 failed, 5 passed, 13 skipped``: the step's tests by outcome."""
+    counts: dict[str, int] = {}
+    for o in results.get("outcomes") or []:
+        counts[str(o.get("outcome"))] = counts.get(str(o.get("outcome")), 0) + 1
+    return ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no test recorded"
+
+
+def failed_tests(results: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [o for o in results.get("outcomes") or [] if o.get("outcome") in ("failed", "error")]
+
+
+def outcome_lines(results: Mapping[str, Any]) -> list[str]:
+    """The counts, then every failed test with its message, then every skip with its reason."""
+    lines = [f"tests: {outcome_counts(results)}"]
+    for o in failed_tests(results):
+        lines.append(f"  FAILED {o.get('test_id')}: {' '.join(str(o.get('message') or '').split())[:400]}")
+    for o in results.get("outcomes") or []:
+        if o.get("outcome") == "skipped":
+            message = " ".join(str(o.get("message") or "").split())[:200]
+            lines.append(f"  skipped {str(o.get('test_id')).split('::')[-1]}: {message}")
+    return lines

@@ -11,9 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from gpu_summary_format import (
+    failed_tests,
     fmt,
     labels_text,
     outcome,
+    outcome_counts,
+    outcome_lines,
     outcome_message,
     read_json,
     threshold_text,
@@ -104,7 +107,11 @@ class NumericsRun:
             "self-test (one flipped bit): named "
             + ("; ".join(labels_text(m["labels"]).strip(" ()") for m in named) or "nobody")
             + f"; test {test.get('outcome', 'not run') if test else 'not run'}"
-            + (f": {test.get('message')}" if test and test.get("message") else "")
+            + (
+                f": {' '.join(str(test.get('message')).split())[:300]}"
+                if test and test.get("message")
+                else ""
+            )
         )
 
 
@@ -127,6 +134,7 @@ def numerics_lines(results: Mapping[str, Any] | None, results_dir: Path | None) 
         return [*lines, "no results.json: the numerics step did not run or died before its session ended"]
     run = NumericsRun.read(results, results_dir)
     lines.append(run.profile_line())
+    lines += [line for line in outcome_lines(results) if not line.startswith("  skipped")]
     identical: dict[str, set[str]] = defaultdict(set)
     for key in run.ordered():
         rank, dtype = key
@@ -170,11 +178,12 @@ def numerics_lines(results: Mapping[str, Any] | None, results_dir: Path | None) 
     if not run.agree:
         why = outcome_message(results, "test_numerics_agreement", "no agreement measurement")
         lines.append(f"agreement between GPUs: not judged ({why})")
-    deterministic = sorted({str(v.get("deterministic")) for v in run.values.values()})
-    platforms = sorted({str((v.get("platform") or {}).get("key")) for v in run.values.values()})
-    lines.append(
-        f"deterministic algorithms on: {', '.join(deterministic)}; platform(s): {'; '.join(platforms)}"
-    )
+    if run.values:
+        deterministic = sorted({str(v.get("deterministic")) for v in run.values.values()})
+        platforms = sorted({str((v.get("platform") or {}).get("key")) for v in run.values.values()})
+        lines.append(
+            f"deterministic algorithms on: {', '.join(deterministic)}; platform(s): {'; '.join(platforms)}"
+        )
     lines.append(run.self_test_line())
     return lines
 
@@ -187,7 +196,11 @@ def numerics_headline(results: Mapping[str, Any] | None, results_dir: Path | Non
     by_dtype: dict[str, list[tuple[Any, str]]] = defaultdict(list)
     for key in run.ordered():
         by_dtype[key[1]].append(key)
-    lines = [f"numerics, {run.profile_line()}:"]
+    failed = [str(o.get("test_id")).split("::")[-1] for o in failed_tests(results)]
+    lines = [
+        f"numerics, {run.profile_line()}: {outcome_counts(results)}"
+        + (f"; failed: {', '.join(failed)}" if failed else "")
+    ]
     for dtype, keys in by_dtype.items():
         rates = ", ".join(
             f"rank {rank} {fmt((run.flops.get((rank, dtype)) or {}).get('value'), 'FLOP/s')}"
@@ -208,6 +221,8 @@ def numerics_headline(results: Mapping[str, Any] | None, results_dir: Path | Non
 
 def fp8_verdict(flops: Mapping[tuple[Any, str], Any], values: Mapping[Any, Mapping[str, Any]]) -> str:
     """Whether fp8 GEMMs ran, and where not, the reason the ranks gave."""
+    if not values:
+        return "unknown: no rank reported its dtypes (the job failed: the tests above say how)"
     ran = [f for (_, dtype), f in flops.items() if dtype == "fp8" and f.get("value") is not None]
     if ran:
         return "ran, " + ", ".join(f"rank {f['labels'].get('rank')} {fmt(f['value'], 'FLOP/s')}" for f in ran)

@@ -150,3 +150,18 @@ def test_session_scripts_parse() -> None:
         ["shellcheck", *(str(BENCHMARKS / s) for s in ("gpu_session.sh", "gpu_session_wheels.sh"))],
         check=True,
     )
+
+
+def test_a_failed_numerics_job_is_named_not_hidden(tmp_path: Path) -> None:
+    failed_run = RUN.parent / "cpu_vm_numerics_job_timeout"
+    out = tmp_path / "summary.txt"
+    gpu_summary.main(["--out", str(out), "--results", f"numerics={failed_run}"])
+    text = out.read_text()
+    results = json.loads((failed_run / "results.json").read_text())
+    failed = [o["test_id"] for o in results["outcomes"] if o["outcome"] == "failed"]
+    assert len(failed) == 6
+    assert f"numerics, profile cpu-local (--hw=cpu-local from command line): {len(failed)} failed" in text
+    for test_id in failed:
+        assert f"  FAILED {test_id}: " in text
+    assert "fp8 (torch._scaled_mm): unknown: no rank reported its dtypes" in text
+    assert "self-test (one flipped bit): named nobody; test failed: Failed: JobFailed: " in text
