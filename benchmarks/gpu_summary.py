@@ -262,14 +262,18 @@ def headline_lines(
     dirs: Mapping[str, Path],
     loaded: Mapping[str, Mapping[str, Any] | None],
     sft_log: Path | None,
+    smi: Path | None,
 ) -> list[str]:
     """The figures in a dozen lines: what the session puts in its note first."""
     lines = ["== headline"]
     t = (facts or {}).get("torch") or {}
-    gpus = ", ".join(d["name"] for d in t.get("devices") or []) or "no GPU (CPU fallback)"
+    rows = smi.read_text().strip().splitlines() if smi is not None and smi.is_file() else []
+    card = "; ".join(rows) if rows else "no nvidia-smi (CPU fallback)"
+    seen = ", ".join(d["name"] for d in t.get("devices") or []) or "none"
     missing = ", ".join((facts or {}).get("missing") or []) or "none"
     lines.append(
-        f"machine: {gpus}; torch {t.get('torch')}, CUDA {t.get('cuda_build')}, NCCL {t.get('nccl')}; missing: {missing}"
+        f"machine: {card}; torch {t.get('torch')} (CUDA {t.get('cuda_build')}, NCCL {t.get('nccl')}) sees: {seen};"
+        f" missing: {missing}"
     )
     lines.append(
         "steps: "
@@ -307,7 +311,7 @@ def summary(args: argparse.Namespace) -> tuple[str, str]:
     steps = read_steps(args.steps)
     facts = read_json(args.facts) if args.facts else None
     busbw_note = next((s.note for s in steps if s.name == "busbw"), "")
-    headline = headline_lines(facts, steps, dirs, loaded, args.sft_log)
+    headline = headline_lines(facts, steps, dirs, loaded, args.sft_log, args.smi)
     lines = [
         f"GPU session summary (benchmarks/gpu_summary.py, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())})",
         *headline,

@@ -222,7 +222,7 @@ def numerics_headline(results: Mapping[str, Any] | None, results_dir: Path | Non
 def fp8_verdict(flops: Mapping[tuple[Any, str], Any], values: Mapping[Any, Mapping[str, Any]]) -> str:
     """Whether fp8 GEMMs ran, and where not, the reason the ranks gave."""
     if not values:
-        return "unknown: no rank reported its dtypes (the job failed: the tests above say how)"
+        return "unknown: no rank reported its dtypes (the tests above say why)"
     ran = [f for (_, dtype), f in flops.items() if dtype == "fp8" and f.get("value") is not None]
     if ran:
         return "ran, " + ", ".join(f"rank {f['labels'].get('rank')} {fmt(f['value'], 'FLOP/s')}" for f in ran)

@@ -163,5 +163,5 @@ def test_a_failed_numerics_job_is_named_not_hidden(tmp_path: Path) -> None:
     assert f"numerics, profile cpu-local (--hw=cpu-local from command line): {len(failed)} failed" in text
     for test_id in failed:
         assert f"  FAILED {test_id}: " in text
-    assert "fp8 (torch._scaled_mm): unknown: no rank reported its dtypes" in text
+    assert "fp8 (torch._scaled_mm): unknown: no rank reported its dtypes (the tests above say why)" in text
     assert "self-test (one flipped bit): named nobody; test failed: Failed: JobFailed: " in text
