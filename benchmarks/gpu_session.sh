@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One prepared command for a session that is lent a GPU machine (the `device` tool's `run`).
 #
-#   bash benchmarks/gpu_session.sh            # every step, within GPU_SESSION_BUDGET_S (510 s)
+#   bash benchmarks/gpu_session.sh            # every step, within GPU_SESSION_BUDGET_S (540 s)
 #   GPU_SESSION_STEPS="numerics" bash benchmarks/gpu_session.sh    # a rerun of one step
 #
 # 1. installs the wheels carried in .whl/ (benchmarks/gpu_session_wheels.sh builds them here)
@@ -22,8 +22,8 @@
 # Without nvidia-smi (this development VM) the same steps run on --hw=cpu-local, in their CPU
 # shape, and every file says so; where $OUT is unset the files go to a new temporary folder.
 # Nothing here reaches the network. Environment knobs (all optional):
-#   GPU_SESSION_BUDGET_S  the whole run's seconds (default 510: with ~1.5 min of machine start it
-#                         leaves ~5 of the 15 device minutes for one targeted rerun)
+#   GPU_SESSION_BUDGET_S  the whole run's seconds (default 540: with 1-2 min of machine start it
+#                         leaves ~4 of the 15 device minutes for one targeted rerun)
 #   GPU_SESSION_STEPS     which steps, space-separated (default: numerics quick standard sft busbw;
 #                         empty: none, the machine facts and the summary only)
 #   GPU_SESSION_HW        the profile for the pytest steps (default auto; cpu-local without a GPU)
@@ -34,7 +34,7 @@ set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
 PY=${PYTHON:-python3}
-BUDGET_S=${GPU_SESSION_BUDGET_S:-510}
+BUDGET_S=${GPU_SESSION_BUDGET_S:-540}
 STEPS=${GPU_SESSION_STEPS-numerics quick standard sft busbw}
 SITE=${GPU_SESSION_SITE:-/tmp/site}
 SUMMARY_RESERVE_S=20
@@ -122,7 +122,7 @@ if ((HAVE_GPU)); then
     --query-gpu=index,name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current,clocks.max.sm,power.limit \
     >"$WORK/smi.csv" 2>&1 || true
   HW=${GPU_SESSION_HW:-auto}
-  GPUS=$(grep -c . "$WORK/smi.csv" || true)
+  GPUS=$(timeout 30 nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
   say "machine: $(head -n 1 "$WORK/smi.csv"); $GPUS GPU(s); profile --hw=$HW"
 else
   HW=${GPU_SESSION_HW:-cpu-local}
@@ -145,7 +145,7 @@ fi
 
 # ---- 3. the steps, most wanted first; the later ones keep their reserve
 SFT_RESERVE_S=0
-if wanted sft; then SFT_RESERVE_S=130; fi
+if wanted sft; then SFT_RESERVE_S=120; fi
 PYTEST=("$PY" -m pytest "${PLUGIN_ARGS[@]}" -p no:cacheprovider -rfEs --hw="$HW")
 
 if wanted numerics; then

@@ -17,20 +17,27 @@ Reads only what the files say: a missing file is a line saying so, never a stop.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from pytest_gpucluster.results.text import format_value
+from gpu_summary_format import (
+    failed_tests,
+    fmt,
+    labels_text,
+    outcome_counts,
+    outcome_lines,
+    read_json,
+    threshold_text,
+    verdict_of,
+)
+from gpu_summary_numerics import numerics_headline, numerics_lines
 
 EXIT_MEANINGS = {
     "0": "ok",
@@ -42,7 +49,6 @@ EXIT_MEANINGS = {
     "124": "timed out (SIGTERM at its limit)",
     "137": "killed (SIGKILL after its limit)",
 }
-DTYPE_ORDER = ("fp32", "tf32", "bf16", "fp16", "fp8")
 ROWS_PER_METRIC = 6
 """A metric with more rows than this (a sweep) is shown as its range, its failures listed."""
 
@@ -56,13 +62,6 @@ class StepRun:
     note: str
 
 
-def read_json(path: Path) -> Any | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def read_steps(path: Path | None) -> list[StepRun]:
     """``steps.tsv``: step, exit status ('-' for not run), seconds, limit, note."""
     if path is None or not path.is_file():
@@ -73,25 +72,6 @@ def read_steps(path: Path | None) -> list[StepRun]:
         if cells[0]:
             steps.append(StepRun(*cells))
     return steps
-
-
-def fmt(value: float | None, unit: str) -> str:
-    return "n/a" if value is None else format_value(float(value), unit)
-
-
-def labels_text(labels: Mapping[str, Any], skip: Iterable[str] = ()) -> str:
-    shown = ", ".join(f"{k}={v}" for k, v in labels.items() if k not in set(skip))
-    return f" ({shown})" if shown else ""
-
-
-def verdict_of(m: Mapping[str, Any]) -> str:
-    return str(m.get("problem") or m.get("verdict") or "?").upper()
-
-
-def threshold_text(m: Mapping[str, Any]) -> str:
-    if m.get("threshold") is None:
-        return ""
-    return f" [{m.get('comparison', '')} {fmt(m['threshold'], m['unit'])}]"
 
 
 # ---------------------------------------------------------------------------- machine and steps
@@ -135,152 +115,6 @@ def steps_lines(steps: Sequence[StepRun]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- numerics
-
-
-def numerics_rank_values(results_dir: Path) -> list[dict[str, Any]]:
-    """The numerics workload's per-rank values (not the injected self-test's), from the jobs'
-    files: ``rank-N.json`` of a numerics job, or ``part-K-rank-N.json`` named ``numerics`` where
-    several parts shared a launch."""
-    found: list[dict[str, Any]] = []
-    for job_dir in sorted(p for p in (results_dir / "jobs").glob("*") if p.is_dir()):
-        job = read_json(job_dir / "job.json") or {}
-        for path in sorted(job_dir.glob("*rank-*.json")):
-            data = read_json(path)
-            if not isinstance(data, dict):
-                continue
-            if path.name.startswith("part-"):
-                value = data.get("value") if data.get("name") == "numerics" else None
-            elif str(job.get("workload", "")).endswith("numerics:run") and "inject" not in (
-                job.get("options") or {}
-            ):
-                value = data.get("value")
-            else:
-                value = None
-            if isinstance(value, dict) and "dtypes" in value:
-                found.append(value)
-    return found
-
-
-def _by_rank_dtype(measurements: Iterable[Mapping[str, Any]], metric: str) -> dict[tuple[Any, str], Any]:
-    return {
-        (m["labels"].get("rank"), str(m["labels"].get("dtype"))): m
-        for m in measurements
-        if m.get("metric") == metric and "dtype" in m.get("labels", {})
-    }
-
-
-def numerics_lines(results: Mapping[str, Any] | None, results_dir: Path | None) -> list[str]:
-    lines = ["== numerics (acceptance/test_numerics.py)"]
-    if results is None or results_dir is None:
-        return [*lines, "no results.json: the numerics step did not run or died before its session ended"]
-    profile = results.get("profile") or {}
-    lines.append(f"profile {profile.get('name')} ({profile.get('reason') or 'named'})")
-    ms = results.get("measurements") or []
-    flops = _by_rank_dtype(ms, "numerics.matmul_flops")
-    known = _by_rank_dtype(ms, "numerics.known_answer")
-    stable = _by_rank_dtype(ms, "numerics.repeat_stability")
-    agree = _by_rank_dtype(ms, "numerics.agreement")
-    values = {v.get("rank"): v for v in numerics_rank_values(results_dir)}
-    order = {d: i for i, d in enumerate(DTYPE_ORDER)}
-    keys = sorted(set(flops) | set(known) | set(stable), key=lambda k: (order.get(k[1], 99), k[1], str(k[0])))
-    identical: dict[str, list[str]] = defaultdict(list)
-    for rank, dtype in keys:
-        value = values.get(rank) or {}
-        done = (value.get("dtypes") or {}).get(dtype) or {}
-        gpu = f" {value['gpu']}" if value.get("gpu") else ""
-        who = f"rank {rank} on {value.get('host', '?')}{gpu}"
-        f = flops.get((rank, dtype))
-        if f is not None and f.get("value") is not None:
-            spread = f.get("spread") or {}
-            rate = (
-                f"{fmt(f['value'], 'FLOP/s')} median (min {fmt(spread.get('min'), 'FLOP/s')}, max"
-                f" {fmt(spread.get('max'), 'FLOP/s')}, {spread.get('n', '?')} timed chains){threshold_text(f)} {verdict_of(f)}"
-            )
-        elif f is not None:
-            rate = f"not run: {f.get('hint', '')} {verdict_of(f)}"
-        else:
-            rate = "no throughput recorded"
-        k = known.get((rank, dtype))
-        known_text = (
-            f"known answer {fmt(k['value'], '')} of bound {verdict_of(k)}" if k else "known answer: none"
-        )
-        s = stable.get((rank, dtype))
-        if s is not None and s.get("value") is not None:
-            same = float(s["value"]) == 0.0
-            identical["yes" if same else "NO"].append(dtype)
-            size = f"n={done.get('matmul_n', '?')}, depth {done.get('depth', '?')}"
-            seeds = len(done.get("digests") or {}) or "?"
-            bits = (
-                f"bit-identical across {done.get('repeats', '?')} repeats x {seeds} seeds at {size}:"
-                f" {'yes' if same else 'NO'} ({fmt(s['value'], '')} {s.get('unit', '')} differ)"
-            )
-        else:
-            bits = "repeat stability: not recorded"
-        a = agree.get((rank, dtype))
-        agree_text = (
-            f"agreement {fmt(a['value'], '')} {a.get('unit', '')} off the majority {verdict_of(a)}"
-            if a
-            else ""
-        )
-        lines.append(f"{dtype:5} {who}: {rate}")
-        lines.append(f"      {known_text}; {bits}{f'; {agree_text}' if agree_text else ''}")
-    for rank, value in sorted(values.items(), key=lambda kv: str(kv[0])):
-        for dtype, why in (value.get("skipped") or {}).items():
-            lines.append(f"{dtype:5} rank {rank}: not run: {why}")
-    lines.append(f"fp8 (torch._scaled_mm): {fp8_verdict(flops, values)}")
-    if identical:
-        lines.append(
-            "bit-identical run to run: "
-            + "; ".join(f"{verdict}: {', '.join(sorted(set(d)))}" for verdict, d in sorted(identical.items()))
-        )
-    if not agree:
-        lines.append(
-            "agreement between GPUs: not judged ("
-            + _outcome_message(results, "test_numerics_agreement", "no agreement measurement")
-            + ")"
-        )
-    deterministic = {v.get("deterministic") for v in values.values()}
-    platforms = sorted({str((v.get("platform") or {}).get("key")) for v in values.values()})
-    lines.append(f"deterministic algorithms on: {sorted(deterministic)}; platform(s): {'; '.join(platforms)}")
-    named = [m for m in ms if m.get("metric") == "numerics.self_test_named"]
-    outcome = _outcome(results, "test_injected_corruption_is_named")
-    lines.append(
-        "self-test (one flipped bit): named "
-        + ("; ".join(labels_text(m["labels"]).strip(" ()") for m in named) or "nobody")
-        + f"; test {outcome.get('outcome', 'not run') if outcome else 'not run'}"
-        + (f": {outcome.get('message')}" if outcome and outcome.get("message") else "")
-    )
-    return lines
-
-
-def fp8_verdict(flops: Mapping[tuple[Any, str], Any], values: Mapping[Any, Mapping[str, Any]]) -> str:
-    """Whether fp8 GEMMs ran, and where not, the reason the ranks gave."""
-    ran = [f for (_, dtype), f in flops.items() if dtype == "fp8" and f.get("value") is not None]
-    if ran:
-        return "ran, " + ", ".join(f"rank {f['labels'].get('rank')} {fmt(f['value'], 'FLOP/s')}" for f in ran)
-    reasons = [
-        f"rank {r}: {v['skipped']['fp8']}" for r, v in values.items() if "fp8" in (v.get("skipped") or {})
-    ]
-    if reasons:
-        return "did not run (" + "; ".join(reasons) + ")"
-    return (
-        "did not run: not selected for this device (CPU ranks run fp32 and bf16; GPUs run fp8 from compute"
-        " capability 8.9, where torch has it)"
-    )
-
-
-def _outcome(results: Mapping[str, Any], test_name: str) -> Mapping[str, Any] | None:
-    for o in results.get("outcomes") or []:
-        if str(o.get("test_id", "")).endswith(test_name) or f"::{test_name}[" in str(o.get("test_id", "")):
-            return o
-    return None
-
-
-def _outcome_message(results: Mapping[str, Any], test_name: str, default: str) -> str:
-    o = _outcome(results, test_name)
-    if o is None:
-        return default
-    return f"{o.get('outcome')}: {' '.join(str(o.get('message') or '').split())[:300]}"
 
 
 # ---------------------------------------------------------------------------- tier runs
@@ -335,19 +169,7 @@ def tier_lines(name: str, results: Mapping[str, Any] | None) -> list[str]:
         f" (health load {own(tier.get('load_s'))}, numerics {own(tier.get('numerics_s'))}, sweeps"
         f" {tier.get('sweep')})"
     )
-    outcomes = results.get("outcomes") or []
-    counts: dict[str, int] = defaultdict(int)
-    for o in outcomes:
-        counts[str(o.get("outcome"))] += 1
-    lines.append("tests: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none recorded"))
-    for o in outcomes:
-        if o.get("outcome") in ("failed", "error"):
-            message = " ".join(str(o.get("message") or "").split())[:400]
-            lines.append(f"  FAILED {o.get('test_id')}: {message}")
-    for o in outcomes:
-        if o.get("outcome") == "skipped":
-            message = " ".join(str(o.get("message") or "").split())[:200]
-            lines.append(f"  skipped {str(o.get('test_id')).split('::')[-1]}: {message}")
+    lines += outcome_lines(results)
     jobs = results.get("jobs") or []
     if jobs:
         lines.append("jobs (actual / estimate / deadline, seconds):")
@@ -434,15 +256,67 @@ def parse_results(pairs: Sequence[str]) -> dict[str, Path]:
     return out
 
 
-def summary(args: argparse.Namespace) -> str:
+def headline_lines(
+    facts: Mapping[str, Any] | None,
+    steps: Sequence[StepRun],
+    dirs: Mapping[str, Path],
+    loaded: Mapping[str, Mapping[str, Any] | None],
+    sft_log: Path | None,
+    smi: Path | None,
+) -> list[str]:
+    """The figures in a dozen lines: what the session puts in its note first."""
+    lines = ["== headline"]
+    t = (facts or {}).get("torch") or {}
+    rows = smi.read_text().strip().splitlines() if smi is not None and smi.is_file() else []
+    card = "; ".join(rows) if rows else "no nvidia-smi (CPU fallback)"
+    seen = ", ".join(d["name"] for d in t.get("devices") or []) or "none"
+    missing = ", ".join((facts or {}).get("missing") or []) or "none"
+    lines.append(
+        f"machine: {card}; torch {t.get('torch')} (CUDA {t.get('cuda_build')}, NCCL {t.get('nccl')}) sees: {seen};"
+        f" missing: {missing}"
+    )
+    lines.append(
+        "steps: "
+        + (
+            ", ".join(
+                f"{s.name} {'not run' if s.rc == '-' else f'exit {s.rc} in {s.seconds} s'}" for s in steps
+            )
+            or "none"
+        )
+    )
+    if "numerics" in dirs:
+        lines += numerics_headline(loaded["numerics"], dirs["numerics"])
+    for name, results in loaded.items():
+        if name == "numerics" or results is None:
+            continue
+        failed = [str(o.get("test_id")).split("::")[-1] for o in failed_tests(results)]
+        profile = (results.get("profile") or {}).get("name")
+        lines.append(
+            f"{name}: profile {profile}; {outcome_counts(results)}"
+            + (f"; failed: {', '.join(failed)}" if failed else "")
+        )
+    sft = [
+        line
+        for line in sft_lines(sft_log)[1:]
+        if " ratio " in line or line.startswith(("harness figures", "SFT step time (", "no "))
+    ]
+    lines += [f"sft: {line.strip()}" for line in sft[:3]] or ["sft: no figures"]
+    return lines
+
+
+def summary(args: argparse.Namespace) -> tuple[str, str]:
+    """(the whole summary, its headline alone)."""
     dirs = parse_results(args.results)
     loaded = {name: read_json(d / "results.json") for name, d in dirs.items()}
     steps = read_steps(args.steps)
+    facts = read_json(args.facts) if args.facts else None
     busbw_note = next((s.note for s in steps if s.name == "busbw"), "")
+    headline = headline_lines(facts, steps, dirs, loaded, args.sft_log, args.smi)
     lines = [
-        f"GPU session summary (benchmarks/gpu_summary.py, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())})"
+        f"GPU session summary (benchmarks/gpu_summary.py, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())})",
+        *headline,
     ]
-    lines += machine_lines(read_json(args.facts) if args.facts else None, args.smi)
+    lines += machine_lines(facts, args.smi)
     lines += steps_lines(steps)
     if "numerics" in dirs:
         lines += numerics_lines(loaded["numerics"], dirs["numerics"])
@@ -451,7 +325,7 @@ def summary(args: argparse.Namespace) -> str:
             lines += tier_lines(name, loaded[name])
     lines += sft_lines(args.sft_log)
     lines += busbw_lines({n: r for n, r in loaded.items() if n != "numerics"}, args.busbw_log, busbw_note)
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n", "\n".join(headline) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -466,9 +340,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sft-log", type=Path, default=None)
     parser.add_argument("--busbw-log", type=Path, default=None)
     args = parser.parse_args(argv)
-    text = summary(args)
+    text, headline = summary(args)
     args.out.write_text(text)
+    # the device tool's reply shows the output's last 12,000 characters: the headline goes last
     print(text, end="")
+    print(f"(the headline again, as {args.out} begins with it)")
+    print(headline, end="")
     return 0
 
 

@@ -13,7 +13,9 @@ average before and after each run is printed: on a shared machine the suite's ti
     python benchmarks/suite_time.py [--runs 3] [--tiers] [-- pytest arguments]
 
 The ratio lines hold the word ``ratio`` and end with the median ratio: suite time over workload time
-(1.0 would mean no overhead) and, with ``--tiers``, quick suite time over default suite time.
+(1.0 would mean no overhead), the plan's estimated total over the time its jobs really took
+(results.json ``plan.total_s`` over the sum of ``jobs[].actual_s``: how well the dry run's estimate
+adds up, ``plans/startup.py``) and, with ``--tiers``, quick suite time over default suite time.
 """
 
 from __future__ import annotations
@@ -48,7 +50,18 @@ def workload_seconds(job_dir: Path) -> tuple[float, str]:
     return max(spent, 0.0), str(job.get("workload", "?"))
 
 
-def one_run(pytest_args: list[str]) -> tuple[float, float, list[tuple[str, float, str]], str]:
+def plan_and_actual(results_json: Path) -> tuple[float, float]:
+    """The plan's estimated total and the sum of the recorded jobs' real times (results.json)."""
+    if not results_json.is_file():
+        return 0.0, 0.0
+    data = json.loads(results_json.read_text(encoding="utf-8"))
+    actual = sum(float(j.get("actual_s") or 0.0) for j in data.get("jobs") or ())
+    return float((data.get("plan") or {}).get("total_s") or 0.0), actual
+
+
+def one_run(
+    pytest_args: list[str],
+) -> tuple[float, float, list[tuple[str, float, str]], str, tuple[float, float]]:
     with tempfile.TemporaryDirectory(prefix="gpucluster-suite-") as tmp:
         results = Path(tmp) / "results"
         # --confcutdir: the suite as its users run it, without this repository's own test conftest
@@ -72,13 +85,14 @@ def one_run(pytest_args: list[str]) -> tuple[float, float, list[tuple[str, float
         for job_dir in sorted((results / "jobs").glob("*")):
             seconds, what = workload_seconds(job_dir)
             jobs.append((job_dir.name, seconds, what))
-        return wall, sum(s for _, s, _ in jobs), jobs, tail[0]
+        return wall, sum(s for _, s, _ in jobs), jobs, tail[0], plan_and_actual(results / "results.json")
 
 
-def _run_and_report(label: str, pytest_args: list[str]) -> tuple[float, float]:
-    """One suite run: its jobs and one summary line; returns (suite wall time, harness ratio)."""
+def _run_and_report(label: str, pytest_args: list[str]) -> tuple[float, float, float]:
+    """One suite run: its jobs and one summary line; returns (suite wall time, harness ratio, the
+    plan's estimate over its jobs' real time)."""
     before = os.getloadavg()[0]
-    wall, work, jobs, verdict = one_run(pytest_args)
+    wall, work, jobs, verdict, (planned, actual) = one_run(pytest_args)
     after = os.getloadavg()[0]
     for name, seconds, what in jobs:
         print(f"  {name}: {seconds:.1f} s in {what}")
@@ -88,7 +102,9 @@ def _run_and_report(label: str, pytest_args: list[str]) -> tuple[float, float]:
         f"load average {before:.1f} -> {after:.1f}; pytest said: {verdict}",
         flush=True,
     )
-    return wall, ratio
+    plan_ratio = planned / actual if actual > 0 else float("inf")
+    print(f"{label}: plan's estimate {planned:.1f} s, jobs' actual_s {actual:.1f} s, ratio {plan_ratio:.2f}")
+    return wall, ratio, plan_ratio
 
 
 def main() -> None:
@@ -99,21 +115,27 @@ def main() -> None:
     )
     parser.add_argument("pytest_args", nargs="*", help="passed to pytest (put them after --)")
     args = parser.parse_args()
-    ratios, walls, quick_walls, tier_ratios = [], [], [], []
+    ratios, walls, quick_walls, tier_ratios, plan_ratios, quick_plan_ratios = [], [], [], [], [], []
     for run in range(1, args.runs + 1):
-        wall, ratio = _run_and_report(f"run {run} default", args.pytest_args)
+        wall, ratio, plan_ratio = _run_and_report(f"run {run} default", args.pytest_args)
         ratios.append(ratio)
         walls.append(wall)
+        plan_ratios.append(plan_ratio)
         if args.tiers:
-            quick, _ = _run_and_report(f"run {run} -m quick", [*args.pytest_args, "-m", "quick"])
+            quick, _, quick_plan = _run_and_report(f"run {run} -m quick", [*args.pytest_args, "-m", "quick"])
             quick_walls.append(quick)
+            quick_plan_ratios.append(quick_plan)
             tier_ratios.append(quick / wall)
             print(f"run {run}: quick / default suite time ratio {quick / wall:.3f}", flush=True)
     print(f"median suite time over {args.runs} run(s): {statistics.median(walls):.1f} s")
     if args.tiers:
         print(f"median quick-tier suite time over {args.runs} run(s): {statistics.median(quick_walls):.1f} s")
     print(f"suite time / workload time, median ratio: {statistics.median(ratios):.3f}")
+    print(f"default: plan's estimate / jobs' actual time, median ratio: {statistics.median(plan_ratios):.3f}")
     if args.tiers:
+        print(
+            f"quick: plan's estimate / jobs' actual time, median ratio: {statistics.median(quick_plan_ratios):.3f}"
+        )
         print(f"quick tier / default suite time, median ratio: {statistics.median(tier_ratios):.3f}")
 
 

@@ -192,6 +192,20 @@ def _plan_basis(session: GpuClusterSession) -> str:
     )
 
 
+def _counted(plan: SessionPlan, job: PlannedJob, launch: Any) -> str:
+    """What the plan's total counts for ``job``, where that differs from its deadline's arithmetic:
+    the recorded time of its launch, or its expected work plus the expected start-up."""
+    if launch is not None and plan.calibration is not None:
+        return f"; the plan counts the {seconds(plan.measured_s(launch) or 0.0)} its job took ({plan.calibration.source})"
+    if job.estimate_s is None:
+        return ""
+    work = job.estimate_s - job.startup_s
+    return (
+        f"; the plan counts {seconds(job.estimate_s)}: {seconds(work)} of expected work + "
+        f"{job.startup_s:g} s expected start-up (plans/startup.py), once per launch"
+    )
+
+
 def dry_run_lines(plan: SessionPlan, errors: list[str], *, verbose: bool = False) -> list[str]:
     """``--gpucluster-dry-run``'s plan: the table (job, nodes x ranks, tier, estimated run,
     deadline), the session's estimated total and each tier's, what it leaves out, and the tests
@@ -199,8 +213,12 @@ def dry_run_lines(plan: SessionPlan, errors: list[str], *, verbose: bool = False
     arithmetic (`plans.deadlines`)."""
     lines = [f"[dry run] plan for {plan.basis}"]
     lines += [f"[dry run]   {line}" for line in plan.table()]
+    measured = {id(p): launch for launch in plan.measured_launches() for p in launch.parts}
     for job in plan.jobs if verbose else ():
         why = job.why or f"job timeout {seconds(job.deadline_s)} (fixed by its test; no estimate)"
-        lines.append(f"[dry run] plan: {job.name}: {job.nodes} node(s) x {job.ranks_per_node} rank(s), {why}")
+        lines.append(
+            f"[dry run] plan: {job.name}: {job.nodes} node(s) x {job.ranks_per_node} rank(s), {why}"
+            + _counted(plan, job, measured.get(id(job)))
+        )
     lines += [f"[dry run] plan: cannot plan {error}" for error in errors]
     return lines

@@ -197,10 +197,9 @@ def _hint(where: str, limit: Limit | None) -> str:
 
 def _busbw_spread(p: Point) -> Spread | None:
     """busbw of each repeat of one point (its time per repeat, with the point's bus factor)."""
-    if not p.repeat_time_us or not all(t > 0 for t in p.repeat_time_us):
+    if not p.repeat_time_us or not all(t > 0 for t in p.repeat_time_us) or not p.algbw_gbs:
         return None
-    factor = p.busbw_gbs / p.algbw_gbs if p.algbw_gbs else 0.0
-    return Spread.of(p.size_bytes / (t * 1e-6) * factor for t in p.repeat_time_us)
+    return Spread.of(p.repeat_busbw())
 
 
 def _ungated_latency(ceiling: Limit | None) -> str:

@@ -142,13 +142,7 @@ def pair(
 
 def sweep_busbw(points: Iterable[Point], in_place: bool = False) -> dict[int, tuple[float, ...]]:
     """Busbw (bytes/s) of each repeat per size, from a summarized collective sweep."""
-    out: dict[int, tuple[float, ...]] = {}
-    for p in points:
-        if p.in_place != in_place:
-            continue
-        factor = bus_factor(p.collective, p.nranks)
-        out[p.size_bytes] = tuple(p.size_bytes / (t * 1e-6) * factor for t in p.repeat_time_us if t > 0)
-    return out
+    return {p.size_bytes: p.repeat_busbw() for p in points if p.in_place == in_place}
 
 
 def shm_vs_gloo(rank_values: Sequence[Mapping[str, Any]], sizes: Iterable[int] | None = None) -> Comparison:

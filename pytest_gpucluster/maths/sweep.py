@@ -217,6 +217,14 @@ class Point:
     def placement(self) -> str:
         return "in_place" if self.in_place else "out_of_place"
 
+    def repeat_busbw(self) -> tuple[float, ...]:
+        """Bus bandwidth in bytes/s of each repeat with a time: size / time x the point's own bus
+        factor (``busbw / algbw``, nccl-tests' for its rows), so every reader scales alike."""
+        if not self.algbw_gbs:
+            return ()
+        factor = self.busbw_gbs / self.algbw_gbs
+        return tuple(self.size_bytes / (t * 1e-6) * factor for t in self.repeat_time_us if t > 0)
+
 
 def _aggregate(values: Sequence[float], how: str) -> float:
     if how == "avg":

@@ -200,9 +200,11 @@ class SessionPlan:
             + (f"; {shared} launch(es) hold several parts and pay one start-up" if shared else "")
         )
         if self.calibration is not None:
+            rest = len(launches) - measured
             lines.append(
                 f"calibrated: {measured} of {len(launches)} launch(es) count the time they took in "
-                f"{self.calibration.source} ({self.calibration.label}); the rest the formula's estimate"
+                f"{self.calibration.source} ({self.calibration.label})"
+                + (f"; the other {rest} the formula's estimate" if rest else "")
             )
         elif self.calibration_note:
             lines.append(f"not calibrated: {self.calibration_note}")

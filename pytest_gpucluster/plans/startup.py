@@ -11,8 +11,9 @@ rendezvous, the process group (gloo, or NCCL's communicator and the CUDA context
   2-rank ``torchrun --standalone`` gloo init + barrier + destroy 2.7-2.9 s (FEASIBILITY.md section
   6); on the 2-core VM shared with three other sessions (load average 4-5),
   ``benchmarks/launch_overhead.py``'s no-op job through ``cluster.run`` (2 ranks: import torch,
-  join the gloo group, leave) took 8.8-11.9 s (4 rounds), and the quick tier's shared job began its
-  first part 9.5 s after its launch (results.json ``jobs``, 2026-11-27). 5 s is between the two.
+  join the gloo group, leave) took 8.8-11.9 s (4 rounds); in real acceptance runs a job's time
+  beyond its parts' own (results.json ``actual_s`` less each part's rank-0 ``seconds``) was
+  2.5-3.3 s for one-rank jobs and 8.3-10.6 s for two-rank shared jobs (2026-11-27). 5 s is between.
 - NCCL on GPU nodes (:data:`GPU_STARTUP_S` for one node, :data:`GPU_STARTUP_PER_DOUBLING_S` more
   per doubling of the nodes): 8 ranks importing torch (5-10 s from a shared filesystem, more than
   this VM's local disk), one CUDA context each (1-3 s), NCCL's communicator (``Init timings`` in the

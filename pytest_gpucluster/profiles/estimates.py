@@ -282,10 +282,12 @@ def estimate_case_runtime(
     *,
     nodes: int | None = None,
     peak_flops: float | None = None,
+    mfu: float = ESTIMATE_MFU,
 ) -> RuntimeEstimate | str:
     """One job of ``case`` on ``nodes`` (default: the case's), or a sentence saying why it cannot
     be estimated. ``peak_flops`` defaults to ``cluster.peak_flops`` (the device table's figure is
-    the physics checks' business: they pass it in)."""
+    the physics checks' business: they pass it in); ``mfu``: the deliberately slow
+    :data:`ESTIMATE_MFU` deadlines are set from, unless the plan asks for its expected one."""
     shape = case_shape(case.model)
     if shape is None:
         return f"model {case.model!r} is not a named shape; its FLOPs per token are unknown"
@@ -300,5 +302,6 @@ def estimate_case_runtime(
         peak_flops=peak,
         nodes=nodes or case.nodes,
         offload=case.offload,
+        mfu=mfu,
     )
     return RuntimeEstimate(step, case.steps + case.warmup_steps, STARTUP_ALLOWANCE_S, text)

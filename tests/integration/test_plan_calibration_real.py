@@ -1,10 +1,7 @@
 """The plan adds up on the real suite (cpu-local, real launches): the quick tier runs under a
 5-minute budget (its formula estimate is well inside it), and a dry run given that run's
 results.json as ``--baseline`` counts each launch's recorded time, marked measured, its total the
-sum of the recorded times. Identities and plan numbers only: nothing here asserts a speed, and a
-quick tier that misses cpu-local's speed floors on a loaded machine still counts (its profile stays
-cpu-local: the plan's estimates are derived from the profile's floors, so a copy with opened floors
-would plan a different run)."""
+sum of the recorded times. Identities and plan numbers only: nothing here asserts a speed."""
 
 from __future__ import annotations
 
@@ -14,8 +11,6 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BUDGET_S = 300.0
@@ -35,16 +30,15 @@ def _acceptance(tmp_path: Path, results: str, *args: str) -> subprocess.Complete
 
 def test_a_quick_run_fits_its_budget_and_calibrates_the_next_dry_run(tmp_path):
     ran = _acceptance(tmp_path, "run", f"--gpucluster-budget={BUDGET_S:g}s")
-    # This test times the launches, it does not judge them: on a loaded machine the quick tier may
-    # miss cpu-local's speed floors (a performance failure, exit 1; the health matmul measured
-    # 16.7-29.5 GFLOP/s against its 28 GFLOP/s floor at load 6-8). Anything else fails the test: the
-    # budget refusing the run (a usage error), a crashed or hung job, a broken measurement.
-    assert ran.returncode in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), (
+    # 0, or 1 where a loaded machine left a bandwidth floor unmet: the plan is the subject here,
+    # not the verdict; a budget refusal would be 4 (a usage error) with nothing launched. (Under load
+    # 6-8 the health matmul measured 16.7-29.5 GFLOP/s per rank against cpu-local's 28 GFLOP/s.)
+    assert ran.returncode in (0, 1) and "exceeds --gpucluster-budget" not in ran.stderr, (
         ran.stdout[-3000:] + ran.stderr[-2000:]
     )
     recorded = json.loads((tmp_path / "run" / "results.json").read_text())
     failed = [o for o in recorded["outcomes"] if o["outcome"] == "failed"]
-    assert all(o["category"] == "performance" for o in failed), failed
+    assert all(o["category"] == "performance" for o in failed), failed  # a floor, not a crash
     assert 0 < recorded["plan"]["total_s"] <= BUDGET_S, recorded["plan"]  # the budget let it start
     jobs = recorded["jobs"]
     assert jobs and all(j["status"] == "ok" and j["ranks_per_node"] == 2 for j in jobs), jobs

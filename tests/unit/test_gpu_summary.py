@@ -23,6 +23,7 @@ if str(BENCHMARKS) not in sys.path:
     sys.path.insert(0, str(BENCHMARKS))
 
 gpu_summary = importlib.import_module("gpu_summary")
+gpu_summary_numerics = importlib.import_module("gpu_summary_numerics")
 
 
 def _summary(tmp_path: Path, *extra: str) -> str:
@@ -63,8 +64,24 @@ def test_numerics_figures_are_the_runs(tmp_path: Path) -> None:
     )
 
 
+def test_headline_comes_first_and_holds_each_dtypes_figures(tmp_path: Path) -> None:
+    text = _summary(tmp_path).splitlines()
+    assert text[1] == "== headline"
+    headline = text[: text.index("== machine")]
+    for m in _measurements("numerics", "numerics.matmul_flops"):
+        line = next(line for line in headline if line.startswith(f"  {m['labels']['dtype']:5} "))
+        assert f"rank {m['labels']['rank']} {format_value(m['value'], 'FLOP/s')}" in line
+        assert line.endswith("bit-identical repeats yes")
+    assert any(
+        line.startswith("quick: profile cpu-local; 2 failed, 5 passed, 13 skipped; failed: ")
+        for line in headline
+    )
+    ratio = next(line for line in (RUN / "sft.log").read_text().splitlines() if " ratio " in line)
+    assert f"sft: {ratio}" in headline
+
+
 def test_repeat_counts_come_from_the_numerics_part_not_the_self_test() -> None:
-    values = gpu_summary.numerics_rank_values(RUN / "numerics")
+    values = gpu_summary_numerics.numerics_rank_values(RUN / "numerics")
     assert sorted(v["rank"] for v in values) == [0, 1]
     assert all(v["injected"] is None for v in values)
     parts = sorted((RUN / "numerics" / "jobs").glob("*/part-0-rank-*.json"))
@@ -133,3 +150,18 @@ def test_session_scripts_parse() -> None:
         ["shellcheck", *(str(BENCHMARKS / s) for s in ("gpu_session.sh", "gpu_session_wheels.sh"))],
         check=True,
     )
+
+
+def test_a_failed_numerics_job_is_named_not_hidden(tmp_path: Path) -> None:
+    failed_run = RUN.parent / "cpu_vm_numerics_job_timeout"
+    out = tmp_path / "summary.txt"
+    gpu_summary.main(["--out", str(out), "--results", f"numerics={failed_run}"])
+    text = out.read_text()
+    results = json.loads((failed_run / "results.json").read_text())
+    failed = [o["test_id"] for o in results["outcomes"] if o["outcome"] == "failed"]
+    assert len(failed) == 6
+    assert f"numerics, profile cpu-local (--hw=cpu-local from command line): {len(failed)} failed" in text
+    for test_id in failed:
+        assert f"  FAILED {test_id}: " in text
+    assert "fp8 (torch._scaled_mm): unknown: no rank reported its dtypes (the tests above say why)" in text
+    assert "self-test (one flipped bit): named nobody; test failed: Failed: JobFailed: " in text

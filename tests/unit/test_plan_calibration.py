@@ -94,3 +94,36 @@ def test_a_launch_standing_for_several_jobs_counts_the_median_recorded_time_each
     }
     plan.calibration = recorded_run(data, "r")
     assert plan.total_s() == 33.0 * 34
+
+
+def test_the_history_store_calibrates_with_its_newest_run_of_the_same_profile_and_tier(tmp_path):
+    """A real cpu-local results.json with the quick run's jobs and tier, appended to a real store,
+    comes back as the calibrating run; a store holding only another tier's run calibrates nothing."""
+    import json
+    from pathlib import Path
+
+    from pytest_gpucluster.plan_items import _from_history
+    from pytest_gpucluster.results.history import record_run
+
+    real = json.loads((Path(__file__).parents[1] / "data" / "results" / "cpu_local_run.json").read_text())
+    quick, standard = tmp_path / "quick.json", tmp_path / "standard.json"
+    quick.write_text(json.dumps({**real, "tier": RECORDED["tier"], "jobs": RECORDED["jobs"]}))
+    other = {**RECORDED["tier"], "name": "standard", "sweep": "grid"}
+    standard.write_text(
+        json.dumps({**real, "started_at": real["started_at"] + 60, "tier": other, "jobs": RECORDED["jobs"]})
+    )
+    db = tmp_path / "history.sqlite"
+    record_run(db, standard)
+    run, why = _from_history(db, "cpu-local", tier_of(QUICK_TIER))
+    assert run is None and why.startswith(
+        "none of the 1 newest run(s) of profile cpu-local in the history store"
+    )
+    record_run(db, quick)
+    run, why = _from_history(db, "cpu-local", tier_of(QUICK_TIER))
+    assert why == "" and run is not None and run.source == f"history run #2 ({db})"
+    plan = quick_plan()
+    plan.calibration = run
+    assert plan.total_s() == 19.9
+    assert _from_history(tmp_path / "none.sqlite", "cpu-local", None) == (
+        None, f"the history store {tmp_path / 'none.sqlite'} holds no run yet"
+    )  # fmt: skip

@@ -18,7 +18,7 @@ Pure: no torch, no pytest.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from pytest_gpucluster.burnin.drain import Suspect
@@ -220,6 +220,18 @@ def _gpus(values: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], Mapping[
     return out
 
 
+def _read_twice(
+    before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]
+) -> Iterator[tuple[str, str, Mapping[str, Any], Mapping[str, Any]]]:
+    """``(host, gpu, before, after)`` for each GPU read both times (matched by host and PCI
+    address, in that order); ``gpu`` is NVML's name for it, else its address."""
+    old = _gpus(before)
+    for key, now in sorted(_gpus(after).items()):
+        was = old.get(key)
+        if was is not None:
+            yield key[0], (now.get("nvml") or {}).get("gpu") or key[1], was, now
+
+
 def _pci_key(address: str) -> tuple[int, int, int] | None:
     """``(domain, bus, device)`` of ``00000000:3B:00.0`` (NVML) or ``0000:3b:00`` (an XID line)."""
     parts = address.strip().lower().split(".")[0].split(":")
@@ -244,13 +256,7 @@ def counter_increases(
     event (matched to its GPU by PCI address), as suspects. Corrected errors are not here
     (`corrected_checks`)."""
     suspects: list[Suspect] = []
-    old = _gpus(before)
-    for key, now in _gpus(after).items():
-        host, bus = key
-        was = old.get(key)
-        if was is None:
-            continue
-        gpu = (now.get("nvml") or {}).get("gpu") or bus
+    for host, gpu, was, now in _read_twice(before, after):
         for what, path, action in STATES:
             state = _num(now.get("nvml") or {}, *path)
             if state:
@@ -308,13 +314,7 @@ def corrected_checks(
     ceiling = section.max_corrected_ecc_per_hour
     ref = _key(profile, "max_corrected_ecc_per_hour") if ceiling is not None else None
     out: list[Check] = []
-    old = _gpus(before)
-    for key, now in sorted(_gpus(after).items()):
-        host, bus = key
-        was = old.get(key)
-        if was is None:
-            continue
-        gpu = (now.get("nvml") or {}).get("gpu") or bus
+    for host, gpu, was, now in _read_twice(before, after):
         where = {"host": host, "gpu": gpu, "rank": int(now["rank"])}
         start, end = _num(was, "taken_at"), _num(now, "taken_at")
         hours = (end - start) / 3600 if start is not None and end is not None and end > start else None
