@@ -50,7 +50,8 @@ BASELINE = Option(
     "--baseline",
     "baseline",
     "an earlier results.json (or a fleet baseline) to gate regressions against, or history:N for "
-    "the median of the last N healthy runs in the --gpucluster-history store",
+    "the median of the last N healthy runs in the --gpucluster-history store; a results.json also "
+    "calibrates the plan (--gpucluster-dry-run, --gpucluster-budget) with the job times it recorded",
     None,
     _baseline,
     "RESULTS_JSON|history:N",

@@ -11,7 +11,8 @@ HISTORY = Option(
     "--gpucluster-history",
     "history",
     "SQLite history store this run is appended to at session end (created if missing); read by "
-    "`gpucluster history` and by --baseline history:N",
+    "`gpucluster history`, by --baseline history:N, and by the plan, which counts the job times of "
+    "its newest run of the same profile and tier",
     None,
     user_path,
     "PATH",
