@@ -33,6 +33,10 @@ burnin:
   min_cpu_matmul: 1000TFLOP/s   # ~30000x what a CI core does: every rank fails
   min_cpu_memory_bandwidth: 1MB/s  # opened wide: on a loaded machine the 5 GB/s floor failed too
 """
+# The straggler checks keep cpu-local's settings (a 3x slower rank, 1 ms of lag): measured with two
+# busy loops beside this test (load average 6-8, 3 runs) the two ranks' matmul times were 1.06-1.32x
+# apart, the healthy ranks' collective lag 1.5-4.7 us and the injected rank's 20.1-20.3 ms, so no
+# healthy rank is named a straggler and the injected one always is.
 FAKE_SCONTROL = """\
 #!/bin/sh
 # Records each invocation's arguments, one per line, then a separator.
