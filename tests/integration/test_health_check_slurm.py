@@ -2,7 +2,8 @@
 set, this node alone), against the real local Slurm of test_slurm.py's ``slurm_cluster``:
 
 - a healthy node: the quick tier's real jobs pass (under a copy of cpu-local whose floors a loaded
-  test machine meets: the plumbing is under test here, not the floors), exit 0, the node stays up;
+  test machine meets, `open_gates`: the plumbing is under test here, not the floors), exit 0, the
+  node stays up;
 - a node missing a GPU: a stand-in ``nvidia-smi`` replays a real 8 x H200 table with GPU 3 cut
   out (`recorded_nodes.without_gpu`), the probe's torch made CUDA-capable (``cuda_torch_standin``):
   the preflight stops the run, the check exits 1 with one line naming the 7 GPUs, and with
@@ -22,23 +23,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from open_gates import open_gates_profile
 from recorded_nodes import ETH0_SYSFS, H200_TABLE, RecordedNodes, without_gpu
 from test_slurm import slurm_cluster  # noqa: F401 - the fixture
 
 REPO = Path(__file__).parents[2]
 HERE = Path(__file__).parent
-
-PROFILE = """\
-name: hc-node
-description: cpu-local with floors a loaded test machine meets (the health check's plumbing under test)
-extends: cpu-local
-collectives:
-  checks:
-    - {collective: all_reduce, scope: intra-node, size: 16MiB, min_busbw: 0.001GB/s, source: "far below any working machine"}
-burnin:
-  min_cpu_matmul: 0.1GFLOP/s
-  min_cpu_memory_bandwidth: 0.01GB/s
-"""
 
 
 def _health_check(node: str, path: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -66,8 +56,7 @@ def test_a_healthy_node_passes_and_a_node_missing_a_gpu_is_drained_with_the_reas
     if shutil.which("scontrol", path=os.environ["PATH"]) is None:
         pytest.skip("scontrol is not installed here")
     node = slurm_cluster.node
-    (tmp_path / "profiles").mkdir()
-    (tmp_path / "profiles" / "hc-node.yaml").write_text(PROFILE)
+    open_gates_profile(tmp_path / "profiles", "hc-node")
     healthy = _health_check(
         node, os.environ["PATH"], "--hw=hc-node", "--drain", "--", f"--thresholds-dir={tmp_path / 'profiles'}"
     )

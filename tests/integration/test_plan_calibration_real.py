@@ -31,11 +31,14 @@ def _acceptance(tmp_path: Path, results: str, *args: str) -> subprocess.Complete
 def test_a_quick_run_fits_its_budget_and_calibrates_the_next_dry_run(tmp_path):
     ran = _acceptance(tmp_path, "run", f"--gpucluster-budget={BUDGET_S:g}s")
     # 0, or 1 where a loaded machine left a bandwidth floor unmet: the plan is the subject here,
-    # not the verdict; a budget refusal would be 4 (a usage error) with nothing launched
+    # not the verdict; a budget refusal would be 4 (a usage error) with nothing launched. (Under load
+    # 6-8 the health matmul measured 16.7-29.5 GFLOP/s per rank against cpu-local's 28 GFLOP/s.)
     assert ran.returncode in (0, 1) and "exceeds --gpucluster-budget" not in ran.stderr, (
         ran.stdout[-3000:] + ran.stderr[-2000:]
     )
     recorded = json.loads((tmp_path / "run" / "results.json").read_text())
+    failed = [o for o in recorded["outcomes"] if o["outcome"] == "failed"]
+    assert all(o["category"] == "performance" for o in failed), failed  # a floor, not a crash
     assert 0 < recorded["plan"]["total_s"] <= BUDGET_S, recorded["plan"]  # the budget let it start
     jobs = recorded["jobs"]
     assert jobs and all(j["status"] == "ok" and j["ranks_per_node"] == 2 for j in jobs), jobs

@@ -165,18 +165,21 @@ def test_gpu_utilisation_is_sampled_through_nvml(monkeypatch):
     import torch
 
     opened: list[str] = []
+    reads: list[int] = []
     fake = types.SimpleNamespace(
         nvmlInit=lambda: None,
         nvmlShutdown=lambda: None,
         nvmlDeviceGetHandleByUUID=lambda uuid: opened.append(uuid) or "handle",
-        nvmlDeviceGetUtilizationRates=lambda handle: types.SimpleNamespace(gpu=90),
+        nvmlDeviceGetUtilizationRates=lambda handle: reads.append(1) or types.SimpleNamespace(gpu=90),
         nvmlDeviceGetMemoryInfo=lambda handle: types.SimpleNamespace(used=3 * 2**30),
     )
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(uuid="abc-1"))
     sampler = GpuUtilSampler(0, interval_s=0.01)
     sampler.start()
-    time.sleep(0.1)
+    end = time.monotonic() + 30  # wait for 3 samples, not a fixed 0.1 s a loaded machine may not give
+    while len(reads) < 3 and time.monotonic() < end:
+        time.sleep(0.01)
     util, mem_used = sampler.stop()
     assert opened == ["GPU-abc-1"]
     assert util["mean"] == util["min"] == util["max"] == 90 and util["samples"] >= 3

@@ -32,15 +32,26 @@ def run(pytester, tmp_path, monkeypatch):
     )
 
 
+def up_interfaces() -> list[str]:
+    """This machine's interfaces whose operstate is up. A veth that a network-namespace test beside
+    this one (the other xdist worker) has just made in this namespace moves into its namespace a
+    moment later: one that is gone by the time its operstate is read is skipped, not an error."""
+    names = []
+    for path in Path("/sys/class/net").iterdir():
+        try:
+            state = (path / "operstate").read_text().strip()
+        except FileNotFoundError:
+            continue
+        if state == "up":
+            names.append(path.name)
+    return names
+
+
 def test_the_fabric_readings_bracket_the_run_and_judge_the_interfaces_that_are_up(run, tmp_path):
     result = run("test_fabric.py", "-k", "fabric_before or fabric_after")
     result.assert_outcomes(passed=2)
     rows = [m for m in measurements(tmp_path) if m["metric"] == "fabric.error_increase"]
-    up = sorted(
-        p.name
-        for p in Path("/sys/class/net").iterdir()
-        if (p / "operstate").read_text().strip() == "up" and not p.name.startswith(("docker", "lo"))
-    )
+    up = sorted(name for name in up_interfaces() if not name.startswith(("docker", "lo")))
     if not any(name.startswith("ib") for name in up):  # NCCL prefers ib* interfaces when there are any
         assert sorted(m["labels"]["device"] for m in rows) == up
     assert all(m["verdict"] == "pass" and m["labels"]["counter"] == "all" for m in rows)

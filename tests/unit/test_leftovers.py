@@ -49,11 +49,24 @@ def test_a_session_tag_names_a_live_process_and_tells_it_from_a_dead_one():
         assert SessionTag.parse(junk) is None
 
 
+def wait_until_zombie(pid: int, seconds: float = 30.0) -> bool:
+    """Whether ``/proc/<pid>/stat`` says Z (exited, not reaped) within ``seconds``."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        with open(f"/proc/{pid}/stat") as stat:
+            if stat.read().rpartition(")")[2].split()[0] == "Z":
+                return True
+        time.sleep(0.02)
+    return False
+
+
 def test_a_killed_but_unreaped_process_counts_as_dead():
     zombie = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     tag = SessionTag.of_process(zombie.pid)
     zombie.kill()
-    time.sleep(0.5)  # not waited for: a zombie, as a killed pytest is until its shell reaps it
+    # not waited for: a zombie, as a killed pytest is until its shell reaps it (a loaded machine may
+    # take a while to run the kill, so wait for the kernel's word rather than a fixed time)
+    assert wait_until_zombie(zombie.pid), f"pid {zombie.pid} did not become a zombie within 30 s"
     try:
         assert tag.state_here() == "dead"
     finally:

@@ -285,8 +285,8 @@ class LinkTraining(FakeNvml):
 
 
 def test_the_health_jobs_gpu_load_is_sampled_while_it_runs(monkeypatch, tmp_path):
-    """workloads/_gpu_health.gpu_under_load with a stand-in pynvml and a stand-in load (a 0.2 s
-    sleep where an H100 would run its matmuls): samples are taken during the load, NVML's counters
+    """workloads/_gpu_health.gpu_under_load with a stand-in pynvml and a stand-in load (a wait for
+    5 samples where an H100 would run its matmuls): samples are taken during the load, NVML's counters
     are read around it and its XID events drained after it."""
     import sys
     import time
@@ -296,9 +296,16 @@ def test_the_health_jobs_gpu_load_is_sampled_while_it_runs(monkeypatch, tmp_path
 
     nvml = LinkTraining()
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
-    monkeypatch.setattr(
-        _gpu_health, "_gpu", lambda torch, ctx, delay, until: time.sleep(0.2) or {"loaded": True}
-    )
+
+    def load(torch, ctx, delay, until):
+        # The stand-in load lasts until the sampler has taken 5 samples (each reads the link's
+        # generation once), not a fixed 0.2 s, which a loaded machine may not give its thread.
+        end = time.monotonic() + 30
+        while nvml.gen_calls < 5 and time.monotonic() < end:
+            time.sleep(0.01)
+        return {"loaded": True}
+
+    monkeypatch.setattr(_gpu_health, "_gpu", load)
     props = SimpleNamespace(pci_domain_id=0, pci_bus_id=0x3B, pci_device_id=0)
     torch = SimpleNamespace(
         device=lambda name: name, cuda=SimpleNamespace(get_device_properties=lambda dev: props)
