@@ -196,12 +196,29 @@ def expected_sweep_run(
     backend: str,
 ) -> float | None:
     """What the plan counts for the case's sweeps: the work at the expected bandwidth plus the
-    expected start-up of a job on ``nodes`` nodes (`plans.startup.expected_startup_s`); None when
-    the bandwidth is unknown."""
-    work = _sweep_work(case, requests, section, cluster, nodes * ranks_per_node, EXPECTED_PER_SWEEP_S)
+    expected start-up of a job on ``nodes`` nodes (`plans.startup.expected_startup_s`). A case with
+    neither a floor of its own nor a link figure is counted at the lowest ``min_busbw`` floor of
+    another collective on its scope (bus bandwidth is normalised across collectives, nccl-tests'
+    definition: on one link they reach alike); None when its scope has none either."""
+    nranks = nodes * ranks_per_node
+    work = _sweep_work(case, requests, section, cluster, nranks, EXPECTED_PER_SWEEP_S)
     if isinstance(work, str):
+        floor = _scope_floor(case, section)
+        if floor is None:
+            return None
+        work = _sweep_work(case, requests, section, cluster, nranks, EXPECTED_PER_SWEEP_S, floor)
+    return work[0] + expected_startup_s(nodes, backend) if not isinstance(work, str) else None
+
+
+def _scope_floor(case: Case, section: CollectivesSection) -> tuple[float, str] | None:
+    """The lowest ``min_busbw`` floor of any collective on the case's scope, and its profile key."""
+    floors = [
+        (float(c.min_busbw), i) for i, c in enumerate(section.checks) if c.scope == case.scope and c.min_busbw
+    ]
+    if not floors:
         return None
-    return work[0] + expected_startup_s(nodes, backend)
+    value, index = min(floors)
+    return value, f"collectives.checks[{index}], {section.checks[index].collective} on the same scope"
 
 
 def _sweep_work(
@@ -211,11 +228,13 @@ def _sweep_work(
     cluster: ClusterSection,
     nranks: int,
     per_sweep_s: float = PER_SWEEP_S,
+    busbw_given: tuple[float, str] | None = None,
 ) -> tuple[float, str] | str:
-    """Every call of every size at the expected bus bandwidth (time = size x bus factor / busbw,
-    nccl-tests' definition turned round), ``repeat`` times, plus ``per_sweep_s`` per sweep (the
-    deadline's :data:`PER_SWEEP_S`, or the plan's :data:`EXPECTED_PER_SWEEP_S`); or why not."""
-    expected = expected_busbw(case, cluster)
+    """Every call of every size at the expected bus bandwidth (``busbw_given``, else
+    `expected_busbw`; time = size x bus factor / busbw, nccl-tests' definition turned round),
+    ``repeat`` times, plus ``per_sweep_s`` per sweep (the deadline's :data:`PER_SWEEP_S`, or the
+    plan's :data:`EXPECTED_PER_SWEEP_S`); or why not."""
+    expected = busbw_given or expected_busbw(case, cluster)
     if expected is None:
         return f"no expected bandwidth for {case.id} (no min_busbw floor, no link figure in cluster:)"
     busbw, where = expected
