@@ -36,6 +36,7 @@ from pytest_gpucluster.results.comparison_text import (
 )
 from pytest_gpucluster.results.findings import Finding, findings_of
 from pytest_gpucluster.results.gate import Tolerances
+from pytest_gpucluster.results.job_times import JOB_TIME_HEADER, job_time_rows, job_time_summary
 from pytest_gpucluster.results.matrix import Column, node_matrix
 from pytest_gpucluster.results.model import TestOutcome
 from pytest_gpucluster.results.plots import Plot, render_plots, unavailable
@@ -206,6 +207,12 @@ def _blocks(
         blocks.append(("p", f"{more}every value, one row each, in summary.csv."))
     else:
         blocks.append(("p", "No measurements were recorded."))
+    if run.jobs:
+        blocks += [
+            ("h2", f"Job times: estimated and taken ({len(run.jobs)} job(s))"),
+            ("p", job_time_summary(run.jobs, run.plan)),
+            ("table", JOB_TIME_HEADER, job_time_rows(run.jobs), None),
+        ]
     blocks += [("h2", "Environment"), ("table", ("", ""), _environment(run), None)]
     return blocks
 
