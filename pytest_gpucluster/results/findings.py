@@ -49,6 +49,7 @@ from typing import Any, Literal
 from pytest_gpucluster.burnin.drain import Suspect
 from pytest_gpucluster.results.model import Measurement, TestOutcome
 from pytest_gpucluster.results.text import failure_message, format_value
+from pytest_gpucluster.session_preflight import PREFLIGHT_TEST_ID
 
 __all__ = [
     "ACTIONS",
@@ -374,6 +375,13 @@ def _from_outcome(o: TestOutcome, hosts: Sequence[str]) -> Finding:
     elif o.category == "not measured":
         reason = "not measured"
         why = "the test could not judge a threshold it has (no value, or a broken measurement)"
+    elif o.test_id == PREFLIGHT_TEST_ID:
+        reason = "workload failed"
+        why = (
+            "the preflight stopped the run before any job: a setting or the hardware cannot work as the "
+            "profile says (each named in the message); fix the profile or the settings, or choose this "
+            "hardware's profile (--hw=auto), then rerun"
+        )
     else:
         reason = "workload failed"
         why = (

@@ -266,3 +266,24 @@ def test_drain_at_the_end_says_why_nothing_was_drained(tmp_path):
         f"drain (--gpucluster-drain): nothing drained: {path}: 'drain_commands' is not a list of argv "
         "lists of strings"
     )
+
+
+def test_a_preflight_stop_says_to_fix_the_settings_and_names_the_node():
+    """The outcome the plugin records when the preflight stops a run (`session_preflight.stop_outcome`),
+    with the finding `tests/integration/test_preflight_nodes.py` gets from --hw=h200-spectrumx here."""
+    from pytest_gpucluster.cluster.preflight import PreflightFinding
+    from pytest_gpucluster.session_preflight import stop_outcome
+
+    found = PreflightFinding(
+        host="vm",
+        requirement="NCCL_SOCKET_IFNAME",
+        asked="bond0 (profile h200-spectrumx)",
+        found="eth0, lo",
+        message="vm: NCCL_SOCKET_IFNAME=bond0 matches no interface (has eth0, lo)",
+    )
+    outcome = stop_outcome([found])
+    assert outcome is not None
+    (f,) = findings_of([], [outcome], ["vm"])
+    assert (f.host, f.reason, f.action) == ("vm", "workload failed", "rerun")
+    assert f.why.startswith("the preflight stopped the run before any job")
+    assert "fix the profile or the settings" in f.why and f.why.endswith("; the message names vm")
