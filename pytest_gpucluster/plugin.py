@@ -474,9 +474,14 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
                 "FINDINGS",
                 "NOT MEASURED",
                 "BROKEN",
+                "SIGN-OFF NOT FIT",
+                "SIGN-OFF NO RESULTS",
             )
         )
-        terminalreporter.write_line(line, red=bad, yellow=line.startswith("WARNING"))
+        fit = line.startswith("SIGN-OFF FIT")
+        terminalreporter.write_line(
+            line, red=bad, green=fit, bold=line.startswith("SIGN-OFF"), yellow=line.startswith("WARNING")
+        )
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -42,7 +42,7 @@ from pytest_gpucluster.results.model import TestOutcome
 from pytest_gpucluster.results.plots import Plot, render_plots, unavailable
 from pytest_gpucluster.results.recorder import Recorder
 from pytest_gpucluster.results.render import Block, markdown, page
-from pytest_gpucluster.results.signoff import action_column, skip_groups, verdict_of
+from pytest_gpucluster.results.signoff import Verdict, action_column, skip_groups, verdict_of
 from pytest_gpucluster.results.summary import FAILURE_HEADINGS, measurement_rows
 
 __all__ = ["BASELINE_TEST_ID", "CSV_COLUMNS", "Finished", "ReportFiles", "finish_run", "write_reports"]
@@ -305,6 +305,7 @@ class Finished:
     files: ReportFiles | None
     error: str | None = None
     findings: tuple[Finding, ...] = ()
+    verdict: Verdict | None = None
 
     def summary_args(self) -> dict[str, Any]:
         note = self.error or (f"no plots: {self.files.note}" if self.files and self.files.note else None)
@@ -322,6 +323,11 @@ class Finished:
             ),
             "reports": self.files.paths if self.files else (),
             "report_note": note,
+            "signoff_line": (
+                f"SIGN-OFF {self.verdict.headline}. {self.verdict.sentence}".rstrip(". ") + "."
+                if self.verdict
+                else ""
+            ),
         }
 
 
@@ -358,13 +364,26 @@ def finish_run(
                 )
             )
     findings = tuple(record_findings(recorder, out_dir))
+    verdict = signoff_of(recorder, findings)
     recorder.flush()
     try:
         run = RunResults.from_json(recorder.to_json(), str(recorder.path))
-        return Finished(comparison, write_reports(run, out_dir, comparison), findings=findings)
+        return Finished(
+            comparison, write_reports(run, out_dir, comparison), findings=findings, verdict=verdict
+        )
     except Exception as exc:  # a plotting bug or a full disk must not hide the test results
         error = f"could not be written to {out_dir}: {type(exc).__name__}: {exc}"
-        return Finished(comparison, None, error, findings)
+        return Finished(comparison, None, error, findings, verdict)
+
+
+def signoff_of(recorder: Recorder, findings: Sequence[Finding]) -> Verdict:
+    """The report's FIT / NOT FIT verdict, also in results.json (``signoff``: ``fit``, ``verdict``,
+    ``why``), so that a script gating on the run reads one boolean."""
+    hosts = [str(h) for h in (recorder.header.get("fingerprint") or {}).get("hosts") or ()]
+    matrix = node_matrix(recorder.measurements, recorder.outcomes, list(findings), hosts)
+    verdict = verdict_of(recorder.outcomes, findings, matrix, len(recorder.measurements))
+    recorder.header["signoff"] = {"fit": verdict.fit, "verdict": verdict.headline, "why": verdict.sentence}
+    return verdict
 
 
 def record_findings(recorder: Recorder, out_dir: Path) -> list[Finding]:

@@ -128,6 +128,7 @@ def summary_lines(
     reports: Sequence[Path] = (),
     report_note: str | None = None,
     finding_lines: Sequence[str] = (),
+    signoff_line: str = "",
 ) -> list[str]:
     lines = failure_lines(recorder.outcomes)
     if recorder.measurements:
@@ -136,6 +137,8 @@ def summary_lines(
         lines.append("no measurements were recorded")
     lines += threshold_lines(recorder.header.get("thresholds"))
     lines += finding_lines
+    if signoff_line:
+        lines.append(signoff_line)
     if recorder.outcomes:
         lines.append("tests: " + outcome_counts(recorder.outcomes))
     if comparison_lines:

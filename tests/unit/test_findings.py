@@ -287,3 +287,25 @@ def test_a_preflight_stop_says_to_fix_the_settings_and_names_the_node():
     assert (f.host, f.reason, f.action) == ("vm", "workload failed", "rerun")
     assert f.why.startswith("the preflight stopped the run before any job")
     assert "fix the profile or the settings" in f.why and f.why.endswith("; the message names vm")
+
+
+def test_the_sign_off_verdict_reaches_the_terminal_and_results_json(tmp_path):
+    recorder = Recorder(tmp_path / "results.json", header={"fingerprint": {"hosts": ["node01", "node02"]}})
+    recorder.measurements.extend(_gpus(slow=("node02", "5")))
+    finished = finish_run(recorder, tmp_path, None, 0.05)
+    line = finished.summary_args()["signoff_line"]
+    assert line.startswith("SIGN-OFF NOT FIT. 1 of 2 node(s) fail: node02 (reset GPU).")
+    assert line.endswith("1 finding(s): 1 hardware; highest next action: reset GPU.")
+    stored = json.loads((tmp_path / "results.json").read_text())["signoff"]
+    assert stored["fit"] is False and stored["verdict"] == "NOT FIT"
+    assert stored["why"].startswith("1 of 2 node(s) fail: node02 (reset GPU)")
+    # the report's first screen says the same
+    assert "**NOT FIT**" in (tmp_path / "report.md").read_text()
+
+    healthy = Recorder(tmp_path / "ok" / "results.json", header={"fingerprint": {"hosts": ["node01"]}})
+    healthy.measurements.extend(m for m in _gpus() if m.labels["host"] == "node01")
+    ok = finish_run(healthy, tmp_path / "ok", None, 0.05)
+    assert ok.summary_args()["signoff_line"] == (
+        "SIGN-OFF FIT: every measured value passed. 1 node(s): every area that ran passed; no finding "
+        "(8 values measured)."
+    )
