@@ -51,7 +51,7 @@ from typing import Any
 
 from pytest_gpucluster.workloads._runtime import JOB_ID_ENV
 
-__all__ = ["HELD_SOURCE", "READY_LINE", "SOURCE", "collect", "held", "listen", "start"]
+__all__ = ["HELD_SOURCE", "READY_LINE", "SOURCE", "collect", "held", "listen", "node_folder", "start"]
 
 SOURCE = "NVML XID events (a listener spanning the session)"
 HELD_SOURCE = (
@@ -63,10 +63,16 @@ _READY_WAIT_S = 15.0
 _STOP_WAIT_S = 5.0
 
 
+def node_folder(state_dir: str | Path) -> Path:
+    """``state_dir`` on this node: ``{host}`` in it becomes this node's hostname (namespace test
+    nodes share one /tmp; a real node's /tmp is its own, and the session's folder names no host)."""
+    return Path(str(state_dir).replace("{host}", socket.gethostname()))
+
+
 def start(state_dir: str | Path, max_s: float, python: str = sys.executable) -> tuple[bool, str]:
     """Start the listener for this node (once: a running one is kept). ``(True, "")`` when it is
     listening, else ``(False, why)``."""
-    folder = Path(state_dir)
+    folder = node_folder(state_dir)
     folder.mkdir(parents=True, exist_ok=True)
     if _alive(folder):
         return True, ""
@@ -97,7 +103,7 @@ def start(state_dir: str | Path, max_s: float, python: str = sys.executable) -> 
 
 def held(state_dir: str | Path) -> tuple[bool, str]:
     """Whether the listener the controller holds as a step (``--held``) is listening on this node."""
-    folder = Path(state_dir)
+    folder = node_folder(state_dir)
     if _alive(folder):
         return True, ""
     said = (folder / "error").read_text().strip() if (folder / "error").exists() else ""
@@ -111,7 +117,7 @@ def held(state_dir: str | Path) -> tuple[bool, str]:
 def collect(state_dir: str | Path) -> tuple[list[dict[str, Any]] | None, str]:
     """Stop the listener and return every XID it saw, or ``(None, why)`` when none listened for
     the whole session (never started on this node, or it died)."""
-    folder = Path(state_dir)
+    folder = node_folder(state_dir)
     if not (folder / "pid").exists():
         return (
             None,
@@ -224,6 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--held", action="store_true", help="run as a step's task, in the foreground")
     args = parser.parse_args(argv)
     host = socket.gethostname()
+    args.state_dir = node_folder(args.state_dir)
     if args.held:
         _held_start(args.state_dir)
 

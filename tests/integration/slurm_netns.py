@@ -184,14 +184,24 @@ def _remove_cgroups(slurm: NetnsSlurm, mounts: list[Path]) -> None:
     for target in mounts:
         subprocess.run(["umount", "-l", str(target)], check=False, capture_output=True)
     for node in slurm.nodes:
-        # Slurm's own tree under the node's cgroup, deepest first (it removes its steps' itself).
+        # Slurm's own tree under the node's cgroup, deepest first (it removes its steps' itself);
+        # a process still in it is this cluster's (a step cut short) and is killed first.
         own = FREEZER / node
-        for path in sorted(own.rglob("*"), key=lambda p: len(p.parts), reverse=True) if own.is_dir() else []:
-            if path.is_dir():
-                with contextlib.suppress(OSError):
+        tree = [own, *(p for p in own.rglob("*") if p.is_dir())] if own.is_dir() else []
+        for group in tree:
+            with contextlib.suppress(OSError, ValueError):
+                for pid in (group / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
+        for path in sorted(tree, key=lambda p: len(p.parts), reverse=True):
+            for _ in range(20):  # a killed process leaves its cgroup a moment later
+                try:
                     path.rmdir()
-        with contextlib.suppress(OSError):
-            own.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)
 
 
 def _stop(procs: list[subprocess.Popen], slurm: NetnsSlurm) -> None:
