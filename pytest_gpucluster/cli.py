@@ -263,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     from pytest_gpucluster.health_check import add_health_check_command
 
     add_health_check_command(sub)
+    from pytest_gpucluster.fabric_scan import add_fabric_command
+
+    add_fabric_command(sub)
     for register in EXTRA_COMMANDS:
         register(sub)
     return parser
