@@ -96,14 +96,18 @@ def _run(prefix: Sequence[str], argv: list[str], timeout: float) -> subprocess.C
     try:
         done = subprocess.run([*prefix, *argv], capture_output=True, text=True, timeout=timeout, check=False)
     except FileNotFoundError as exc:
-        raise ScanError(f"{exc.filename or tool} not found: install {_PACKAGE} (and the tool prefix)") from exc
+        raise ScanError(
+            f"{exc.filename or tool} not found: install {_PACKAGE} (and the tool prefix)"
+        ) from exc
     except PermissionError as exc:
         raise ScanError(f"cannot run {exc.filename or tool}: permission denied") from exc
     except subprocess.TimeoutExpired as exc:
         raise ScanError(f"{tool} did not finish in {timeout:.0f} s") from exc
     text = done.stdout + done.stderr
     if done.returncode in (126, 127):
-        raise ScanError(f"{tool} not found or not executable under {' '.join(prefix) or 'PATH'}: install {_PACKAGE}")
+        raise ScanError(
+            f"{tool} not found or not executable under {' '.join(prefix) or 'PATH'}: install {_PACKAGE}"
+        )
     if done.returncode != 0 and ("Permission denied" in text or "umad" in text.lower()):
         raise ScanError(
             f"{tool} could not open the InfiniBand management device (/dev/infiniband/umad*): run as root or "
@@ -142,7 +146,9 @@ def scan(prefix: Sequence[str] = (), timeout: float = 600.0) -> tuple[FabricMode
                 raise ScanError(f"{' '.join(argv[:2])} exited with {done.returncode}: {tail or 'no output'}")
             texts[name] = done.stdout if name != "sminfo" or done.returncode == 0 else ""
     try:
-        model = build_fabric(texts["ibnetdiscover"], texts["iblinkinfo"], texts["ibqueryerrors"], texts["sminfo"] or None)
+        model = build_fabric(
+            texts["ibnetdiscover"], texts["iblinkinfo"], texts["ibqueryerrors"], texts["sminfo"] or None
+        )
     except ParseError as exc:
         raise ScanError(f"could not read the tools' output: {exc}") from exc
     return model, ScanOutputs(texts, seconds)

@@ -45,7 +45,13 @@ __all__ = [
 
 REPLACE_CABLE = "replace cable"
 _TOOL_NAMES = {v: k for k, v in PERFQUERY_NAMES.items()}
-_PHYSICAL = {"symbol_error", "link_error_recovery", "link_downed", "local_link_integrity_errors", "port_rcv_errors"}
+_PHYSICAL = {
+    "symbol_error",
+    "link_error_recovery",
+    "link_downed",
+    "local_link_integrity_errors",
+    "port_rcv_errors",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +93,9 @@ def _end(model: FabricModel, end: tuple[str, int], rails: Mapping[str, int]) -> 
     return f"{model.label(key)} port {port}"
 
 
-def _cable(model: FabricModel, link: IbLink, rails: Mapping[str, int], first: tuple[str, int] | None = None) -> str:
+def _cable(
+    model: FabricModel, link: IbLink, rails: Mapping[str, int], first: tuple[str, int] | None = None
+) -> str:
     """``leaf-07 port 12 <-> gpu-node-017 mlx5_3 (rail 3)``: the switch end first unless ``first`` says."""
     a, b = link.a, link.b
     if first is not None:
@@ -106,7 +114,9 @@ def _kind(model: FabricModel, link: IbLink) -> str:
     return "host" if _is_ca(model, link.a[0]) or _is_ca(model, link.b[0]) else "switch"
 
 
-def judge_links(model: FabricModel, width: int | None = None, speed: str | None = None) -> list[FabricFinding]:
+def judge_links(
+    model: FabricModel, width: int | None = None, speed: str | None = None
+) -> list[FabricFinding]:
     """A cable narrower or slower than rated; the rating is ``width``/``speed`` where given, else the
     most common value among cables of the same kind (host or switch-to-switch)."""
     rails = rails_of(model)
@@ -148,8 +158,11 @@ def judge_topology(model: FabricModel, golden: FabricModel) -> list[FabricFindin
         label, port = end
         kind = next((n.kind for n in golden.nodes.values() if golden.label(n.key) == label), None)
         if kind == "ca":
-            return label + (f" port {port}" if port != 1 else "") + (
-                f" (rail {label_rails[label]})" if label in label_rails else "")
+            return (
+                label
+                + (f" port {port}" if port != 1 else "")
+                + (f" (rail {label_rails[label]})" if label in label_rails else "")
+            )
         return f"{label} port {port}"
 
     def state(end: tuple[str, int]) -> str:
@@ -161,7 +174,8 @@ def judge_topology(model: FabricModel, golden: FabricModel) -> list[FabricFindin
     for ends in sorted(extra, key=lambda e: sorted(e)):
         # The end both cables share is what moved; an HCA end first (the HCA is what was re-plugged).
         moved_from = sorted(
-            (m for m in missing if m & ends), key=lambda m: not any(_label_is_ca(golden, e[0]) for e in m & ends)
+            (m for m in missing if m & ends),
+            key=lambda m: not any(_label_is_ca(golden, e[0]) for e in m & ends),
         )
         if moved_from:
             anchor = sorted(moved_from[0] & ends, key=lambda e: not _label_is_ca(golden, e[0]))[0]
@@ -207,7 +221,9 @@ def judge_shape(model: FabricModel, rails: int | None = None) -> list[FabricFind
         for leaf in sorted(leaves, key=lambda k: _natural(model.label(k))):
             have = uplinks.get(leaf, 0)
             if have < usual:
-                down = [p for (k, p), (s, _) in sorted(model.port_states.items()) if k == leaf and s == "Down"]
+                down = [
+                    p for (k, p), (s, _) in sorted(model.port_states.items()) if k == leaf and s == "Down"
+                ]
                 hint = f"; its ports Down: {', '.join(map(str, down))}" if down else ""
                 out.append(FabricFinding("leaf-uplinks", model.label(leaf),
                                          f"{have} uplinks, {counts[usual]} of {len(leaves)} leaves have {usual}{hint}",
@@ -238,7 +254,7 @@ def judge_rails(model: FabricModel) -> list[FabricFinding]:
             if ca[0] in rails and not _is_ca(model, sw[0]):
                 on_leaf[sw[0]].append((ca[0], link))
     out: list[FabricFinding] = []
-    for leaf, hcas in sorted(on_leaf.items(), key=lambda x: _natural(model.label(x[0]))):
+    for _leaf, hcas in sorted(on_leaf.items(), key=lambda x: _natural(model.label(x[0]))):
         votes = Counter(rails[ca] for ca, _ in hcas)
         (leaf_rail, n), *rest = votes.most_common()
         if rest and rest[0][1] == n:
@@ -298,7 +314,11 @@ def judge_counters(
         limit = allowed.get(change.counter, max_error_increase if cls == "link" else max_drop_increase)
         tool_name = _TOOL_NAMES.get(change.counter, change.counter)
         peer = after.peer(end)
-        where = _cable(after, IbLink(end, peer, None, None), rails, first=end) if peer else _end(after, end, rails)
+        where = (
+            _cable(after, IbLink(end, peer, None, None), rails, first=end)
+            if peer
+            else _end(after, end, rails)
+        )
         if change.saturated and not (change.increase or 0) > (limit or 0):
             if saturated == "fail":
                 out.append(FabricFinding("counter-saturated", where, f"{tool_name} pinned at its maximum {change.after}",
@@ -312,7 +332,9 @@ def judge_counters(
             continue
         if limit is None or change.at_least <= limit:
             continue
-        action = REPLACE_CABLE if change.counter in _PHYSICAL else "reseat or replace the cable, then the port"
+        action = (
+            REPLACE_CABLE if change.counter in _PHYSICAL else "reseat or replace the cable, then the port"
+        )
         out.append(FabricFinding("counter", where,
                                  f"{tool_name} +{change.increase} ({change.before} -> {change.after}, allowed {limit})",
                                  action))  # fmt: skip

@@ -34,8 +34,8 @@ __all__ = [
     "LinkInfoRow",
     "SmInfo",
     "build_fabric",
-    "parse_ibnetdiscover",
     "parse_iblinkinfo",
+    "parse_ibnetdiscover",
     "parse_ibqueryerrors",
     "parse_sminfo",
     "speed_name",
@@ -178,12 +178,16 @@ class FabricModel:
                      for n in data["nodes"]}  # fmt: skip
             links = tuple(IbLink(tuple(x["a"]), tuple(x["b"]), x["width"], x["speed"]) for x in data["links"])  # type: ignore[arg-type]
             states = {(k, int(p)): (s, ph) for k, p, s, ph in data.get("port_states", [])}
-            counters = {(k, int(p)): {n: int(v) for n, v in c.items()} for k, p, c in data.get("counters", [])}
+            counters = {
+                (k, int(p)): {n: int(v) for n, v in c.items()} for k, p, c in data.get("counters", [])
+            }
             sm = data.get("sm")
             return cls(nodes, links, states, counters,
                        None if sm is None else SmInfo(sm["lid"], sm["guid"], sm["priority"], sm["state"]))  # fmt: skip
         except (KeyError, TypeError, ValueError) as exc:
-            raise ParseError(f"{where}: not a fabric scan's fabric.json ({type(exc).__name__}: {exc})") from exc
+            raise ParseError(
+                f"{where}: not a fabric scan's fabric.json ({type(exc).__name__}: {exc})"
+            ) from exc
 
 
 def _duplicates(nodes: Iterable[IbNode]) -> Counter[str]:
@@ -239,7 +243,9 @@ def parse_ibnetdiscover(text: str) -> tuple[dict[str, IbNode], tuple[IbLink, ...
             continue
         if m := _PORT.match(line):
             if current is None:
-                raise ParseError(f"ibnetdiscover line {number}: a port line before any Switch/Ca header: {line!r}")
+                raise ParseError(
+                    f"ibnetdiscover line {number}: a port line before any Switch/Ca header: {line!r}"
+                )
             rest = m.group("rest")
             comment = rest.split("#", 1)[1] if "#" in rest else ""
             width = speed = None
@@ -249,7 +255,11 @@ def parse_ibnetdiscover(text: str) -> tuple[dict[str, IbNode], tuple[IbLink, ...
                 width = int(sim.group(1))
             if m.group("pguid"):
                 port_guids[_guid(m.group("pguid"))] = current
-                if (lid := _LID.search(comment)) and nodes[current].kind == "ca" and nodes[current].lid is None:
+                if (
+                    (lid := _LID.search(comment))
+                    and nodes[current].kind == "ca"
+                    and nodes[current].lid is None
+                ):
                     nodes[current] = IbNode(current, "ca", nodes[current].description, nodes[current].ports,
                                             int(lid.group(1)))  # fmt: skip
             raw.append((current, int(m.group("port")), m.group("peer"), int(m.group("pport")), width, speed))
@@ -331,7 +341,9 @@ def parse_ibqueryerrors(text: str) -> dict[tuple[str, int], dict[str, int]]:
         for c in _QE_COUNTER.finditer(m.group("rest")):
             counters[PERFQUERY_NAMES.get(c.group("name"), c.group("name"))] = int(c.group("value"))
     if not out and not seen_summary:
-        raise ParseError("ibqueryerrors output holds neither a 'GUID ... port N: [...]' line nor its '## Summary'")
+        raise ParseError(
+            "ibqueryerrors output holds neither a 'GUID ... port N: [...]' line nor its '## Summary'"
+        )
     return out
 
 
@@ -344,7 +356,9 @@ _SMINFO = re.compile(
 def parse_sminfo(text: str) -> SmInfo:
     if m := _SMINFO.search(text):
         return SmInfo(int(m.group("lid")), _guid(m.group("guid")), int(m.group("prio")), m.group("state"))
-    raise ParseError(f"sminfo output names no SM ('sm lid N sm guid 0x... state N SMINFO_...'): {text.strip()[:200]!r}")
+    raise ParseError(
+        f"sminfo output names no SM ('sm lid N sm guid 0x... state N SMINFO_...'): {text.strip()[:200]!r}"
+    )
 
 
 def build_fabric(

@@ -8,7 +8,6 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from pytest_gpucluster.profiles.schema_ib import IbFabricSettings
 from pytest_gpucluster.profiles.fields import (
     Bandwidth,
     Duration,
@@ -18,6 +17,7 @@ from pytest_gpucluster.profiles.fields import (
     Size,
     Timeout,
 )
+from pytest_gpucluster.profiles.schema_ib import IbFabricSettings
 
 
 class SoakSettings(Section):

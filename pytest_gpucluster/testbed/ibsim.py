@@ -29,7 +29,16 @@ from types import TracebackType
 __all__ = ["PRELOAD", "TOOLS", "IbSim", "IbSimError", "missing_tools"]
 
 PRELOAD = Path("/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so")
-TOOLS = ("ibsim", "ibsim-run", "opensm", "ibnetdiscover", "iblinkinfo", "ibqueryerrors", "perfquery", "sminfo")
+TOOLS = (
+    "ibsim",
+    "ibsim-run",
+    "opensm",
+    "ibnetdiscover",
+    "iblinkinfo",
+    "ibqueryerrors",
+    "perfquery",
+    "sminfo",
+)
 _PACKAGES = {"ibsim": "ibsim-utils", "ibsim-run": "ibsim-utils", "opensm": "opensm"}
 
 
@@ -49,7 +58,9 @@ def missing_tools() -> list[str]:
 class IbSim:
     """One running simulated fabric; see the module docstring."""
 
-    def __init__(self, topology: str, workdir: Path, *, sm: bool = True, start_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, topology: str, workdir: Path, *, sm: bool = True, start_timeout_s: float = 60.0
+    ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.net = self.workdir / "net"
@@ -77,7 +88,9 @@ class IbSim:
             raise
         return self
 
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     def start(self) -> None:
@@ -107,7 +120,9 @@ class IbSim:
 
     def sweep(self) -> None:
         """One opensm sweep (``opensm -o``): links come up Active, LIDs are assigned."""
-        done = self.run(["opensm", "-o", "-f", str(self.workdir / "opensm-once.log")], timeout=self._start_timeout_s)
+        done = self.run(
+            ["opensm", "-o", "-f", str(self.workdir / "opensm-once.log")], timeout=self._start_timeout_s
+        )
         if done.returncode != 0:
             raise IbSimError(f"opensm -o failed ({done.returncode}): {done.stdout[-500:]}")
 
@@ -119,7 +134,9 @@ class IbSim:
             )  # fmt: skip
         while self.run(["sminfo"], timeout=10).returncode != 0:
             if self._opensm.poll() is not None or time.monotonic() > deadline:
-                raise IbSimError("opensm did not become master: " + (self.workdir / "opensm.out").read_text()[-500:])
+                raise IbSimError(
+                    "opensm did not become master: " + (self.workdir / "opensm.out").read_text()[-500:]
+                )
             time.sleep(0.2)
 
     def run(self, argv: Sequence[str], timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
