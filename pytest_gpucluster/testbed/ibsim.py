@@ -18,6 +18,7 @@ Standard library only; importable by tests and benchmarks alike. No pytest.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -40,6 +41,25 @@ TOOLS = (
     "sminfo",
 )
 _PACKAGES = {"ibsim": "ibsim-utils", "ibsim-run": "ibsim-utils", "opensm": "opensm"}
+
+
+_DEFAULTS = {"-N": 2048, "-S": 256, "-P": 13312}
+"""ibsim's built-in limits (nodes, switches, ports); a bigger fabric must raise them or ibsim refuses it."""
+
+
+def _capacity(topology: str) -> list[str]:
+    """``-N/-S/-P`` options that fit the topology (ibsim 0.10 stops at 2048 nodes, 256 switches)."""
+    headers = re.findall(r'^\s*(Switch|Hca|Ca|Rt)\s+(\d+)\s+"', topology, flags=re.MULTILINE)
+    need = {
+        "-N": len(headers) + 16,
+        "-S": sum(kind == "Switch" for kind, _ in headers) + 8,
+        "-P": sum(int(ports) + 1 for _, ports in headers) + 64,
+    }
+    out: list[str] = []
+    for flag, value in need.items():
+        if value > _DEFAULTS[flag]:
+            out += [flag, str(value)]
+    return out
 
 
 class IbSimError(RuntimeError):
@@ -104,7 +124,7 @@ class IbSim:
         self._console = os.open(self._fifo, os.O_RDWR)
         with open(self.log, "wb") as log:
             self._ibsim = subprocess.Popen(
-                ["ibsim", "-s", str(self.net)], stdin=self._console, stdout=log, stderr=subprocess.STDOUT,
+                ["ibsim", "-s", *_capacity(self.net.read_text()), str(self.net)], stdin=self._console, stdout=log, stderr=subprocess.STDOUT,
                 env=self.env, start_new_session=True,
             )  # fmt: skip
         deadline = time.monotonic() + self._start_timeout_s
