@@ -4,6 +4,7 @@ built from generated topologies (pure: no simulator here)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -187,3 +188,48 @@ def test_counter_judge_classes_allowances_and_resets() -> None:
         "gpu-node-002 mlx5_0 (rail 0) <-> leaf-r0-01 port 2"
     )
     assert judge_counters(pinned, pinned, saturated="warn") == []
+
+
+def test_slow_pairs_localized_to_the_element_they_all_cross() -> None:
+    from itertools import combinations
+
+    from pytest_gpucluster.checks.ib_localize import PairOutcome, localize_on_fabric
+
+    # 16 nodes x 2 rails, 4 nodes per leaf: rail r's leaves leaf-r<r>-01..04, two spines
+    model = _model(TopologySpec(nodes=16, rails=2, nodes_per_leaf=4))
+    hosts = [f"gpu-node-{i:03d}" for i in range(1, 17)]
+    under_01 = set(hosts[:4])
+
+    def pairs(slow: Callable[[str, str, int], bool]) -> list[PairOutcome]:
+        return [PairOutcome(a, b, r, slow(a, b, r)) for a, b in combinations(hosts, 2) for r in (0, 1)]
+
+    # rail-1 traffic leaving leaf-r1-01 is slow: its uplinks, not any node
+    verdict = localize_on_fabric(model, pairs(lambda a, b, r: r == 1 and (a in under_01) != (b in under_01)))
+    assert verdict is not None and verdict.element == "leaf leaf-r1-01 uplinks" and verdict.fast == 0
+    # every rail-0 pair is slow: the rail
+    verdict = localize_on_fabric(model, pairs(lambda a, b, r: r == 0))
+    assert verdict is not None and verdict.element == "rail 0"
+    # every pair with gpu-node-009 is slow: the node, the fabric is not to blame
+    verdict = localize_on_fabric(model, pairs(lambda a, b, r: "gpu-node-009" in (a, b)))
+    assert verdict is not None and verdict.element == "host gpu-node-009"
+    assert verdict.line().endswith("the fabric is not to blame")
+    # scattered slow pairs: nothing explains them all
+    assert (
+        localize_on_fabric(
+            model, pairs(lambda a, b, r: (a, b, r) in {(hosts[0], hosts[5], 0), (hosts[9], hosts[14], 1)})
+        )
+        is None
+    )
+
+
+def test_slow_pairs_through_the_only_spine() -> None:
+    from itertools import combinations
+
+    from pytest_gpucluster.checks.ib_localize import PairOutcome, localize_on_fabric
+
+    model = _model(TopologySpec(nodes=8, rails=1, nodes_per_leaf=2, spines=1))
+    hosts = [f"gpu-node-{i:03d}" for i in range(1, 9)]
+    leaf = {h: i // 2 for i, h in enumerate(hosts)}
+    outcomes = [PairOutcome(a, b, 0, leaf[a] != leaf[b]) for a, b in combinations(hosts, 2)]
+    verdict = localize_on_fabric(model, outcomes)
+    assert verdict is not None and (verdict.element, verdict.slow, verdict.fast) == ("spine spine-01", 24, 0)
