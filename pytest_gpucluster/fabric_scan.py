@@ -199,7 +199,7 @@ def cmd_fabric_scan(args: argparse.Namespace) -> int:
             (out / f"{name}.txt").write_text(text)
         doc: dict[str, Any] = {
             "model": model.to_json(), "findings": [f.to_json() for f in findings],
-            "seconds": outputs.seconds, "golden": args.expect_topology, "since": args.since,
+            "scanned_at": time.time(), "seconds": outputs.seconds, "golden": args.expect_topology, "since": args.since,
         }  # fmt: skip
         tmp = out / "fabric.json.tmp"
         tmp.write_text(json.dumps(doc, indent=1))

@@ -141,3 +141,32 @@ def test_could_not_scan_names_the_tool(tmp_path: Path, capsys: pytest.CaptureFix
     code = main(["fabric", "scan", "--tool-prefix", str(tmp_path / "no-such-wrapper")])
     assert code == 2
     assert "could not scan: " in capsys.readouterr().err
+
+
+def test_cable_history_names_the_cable_that_keeps_failing(
+    faulty: IbSim, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "history.sqlite"
+    for name in ("monday", "tuesday"):
+        assert scan(faulty, capsys, "--out", tmp_path / name)[0] == 1
+    assert (
+        main(
+            [
+                "history",
+                "add-fabric",
+                "--db",
+                str(db),
+                *(str(tmp_path / n / "fabric.json") for n in ("monday", "tuesday")),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(["history", "add-fabric", "--db", str(db), str(tmp_path / "monday" / "fabric.json")]) == 0
+    )  # once only
+    capsys.readouterr()
+    assert main(["history", "cables", "--db", str(db), "--recurring", "2"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "cables failing in 2+ of the last 2 fabric scan(s): 1"
+    assert out[1] == "gpu-node-003 mlx5_1 (rail 1) <-> leaf-r1-01 port 3: failed in 2 of the last 2 scans"
+    assert all("trained at 1X" in line for line in out[2:]) and len(out) == 4
