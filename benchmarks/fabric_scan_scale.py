@@ -28,7 +28,10 @@ from pytest_gpucluster.testbed.ibsim import IbSim, missing_tools
 def measure(nodes: int, rails: int, repeats: int) -> tuple[float, int, dict[str, float], int]:
     """(median scan seconds, cables, median seconds per tool, findings) for one generated fabric."""
     spec = TopologySpec(nodes=nodes, rails=rails, nodes_per_leaf=32, spines=8)
-    with tempfile.TemporaryDirectory(prefix="fabric-scale-") as tmp, IbSim(generate(spec).text(), Path(tmp)) as sim:
+    with (
+        tempfile.TemporaryDirectory(prefix="fabric-scale-") as tmp,
+        IbSim(generate(spec).text(), Path(tmp)) as sim,
+    ):
         totals: list[float] = []
         tools: dict[str, list[float]] = {}
         findings = 0
@@ -40,7 +43,12 @@ def measure(nodes: int, rails: int, repeats: int) -> tuple[float, int, dict[str,
             for name, seconds in outputs.seconds.items():
                 tools.setdefault(name, []).append(seconds)
             findings = len(found)
-        return statistics.median(totals), len(model.links), {k: statistics.median(v) for k, v in tools.items()}, findings
+        return (
+            statistics.median(totals),
+            len(model.links),
+            {k: statistics.median(v) for k, v in tools.items()},
+            findings,
+        )
 
 
 def main() -> int:
