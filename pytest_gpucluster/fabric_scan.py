@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -75,7 +76,11 @@ class ScanOutputs:
 def settings_from_profile(name: str) -> ScanSettings:
     from pytest_gpucluster.profiles.loader import load_profile
 
-    model = load_profile(name).model
+    return settings_of(load_profile(name).model)
+
+
+def settings_of(model: Any) -> ScanSettings:
+    """The scan's settings from a loaded profile model (``fabric.ib``, ``fabric``, ``cluster``)."""
     ib, fab = model.fabric.ib, model.fabric
     return ScanSettings(
         link_width=ib.link_width, link_speed=ib.link_speed,
@@ -122,6 +127,10 @@ def scan(prefix: Sequence[str] = (), timeout: float = 600.0) -> tuple[FabricMode
         missing = [t for t in TOOLS if shutil.which(t) is None]
         if missing:
             raise ScanError(f"not installed: {', '.join(missing)} (Debian/Ubuntu package {_PACKAGE})")
+        if not Path("/dev/infiniband").is_dir():
+            raise ScanError(
+                "no InfiniBand device on this machine (/dev/infiniband is missing): scan from a node on the fabric"
+            )
     texts: dict[str, str] = {}
     seconds: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="gpucluster-fabric-") as tmp:
@@ -170,6 +179,40 @@ def judge(
         found += judge_counters(since, model, settings.max_error_increase, settings.allowed_increase,
                                 settings.max_drop_increase, settings.saturated)  # fmt: skip
     return found
+
+
+TOOL_PREFIX_ENV = "GPUCLUSTER_IB_TOOL_PREFIX"
+"""The acceptance suite's fabric scan runs the tools under this command when it is set (``ibsim-run``
+on a simulated fabric, ``sudo``); ``off`` turns the scan off."""
+
+
+def suite_reading(say: Any = print) -> FabricModel | None:
+    """The acceptance suite's before/after scan from the controller: the model, or None (said why)
+    where this machine cannot reach the fabric (no tools, no access) or ``$GPUCLUSTER_IB_TOOL_PREFIX``
+    is ``off``."""
+    prefix = os.environ.get(TOOL_PREFIX_ENV, "")
+    if prefix.strip() == "off":
+        return None
+    try:
+        model, _ = scan(shlex.split(prefix))
+    except ScanError as exc:
+        say(f"InfiniBand fabric scan skipped: {exc}")
+        return None
+    return model
+
+
+def suite_checks(before: FabricModel | None, hw: Any, say: Any = print) -> list[Any]:
+    """The fabric-wide checks of the acceptance run: a second scan judged against ``before``
+    (counters on every port, switch ports included) and on its own (widths, speeds, shape, rails, SM).
+    No checks where there was no first scan."""
+    if before is None:
+        return []
+    after = suite_reading(say)
+    if after is None:
+        return []
+    from pytest_gpucluster.checks.ib_fabric import findings_checks
+
+    return findings_checks(judge(after, settings_of(hw), since=before), getattr(hw, "name", None))
 
 
 def _load_since(path: Path) -> FabricModel:

@@ -31,9 +31,11 @@ from pytest_gpucluster.parsers.fabric_diff import COUNTER_CLASSES, diff_ports
 from pytest_gpucluster.parsers.fabric_ports import IbPort
 from pytest_gpucluster.parsers.ib_fabric import LANE_SPEEDS, FabricModel, IbLink
 from pytest_gpucluster.parsers.ib_tools import PERFQUERY_NAMES
+from pytest_gpucluster.results.model import Check, ThresholdRef
 
 __all__ = [
     "FabricFinding",
+    "findings_checks",
     "judge_counters",
     "judge_links",
     "judge_rails",
@@ -339,3 +341,20 @@ def judge_counters(
                                  f"{tool_name} +{change.increase} ({change.before} -> {change.after}, allowed {limit})",
                                  action))  # fmt: skip
     return out
+
+
+def findings_checks(findings: Iterable[FabricFinding], profile: str | None = None) -> list[Check]:
+    """The scan as checks for the acceptance run: one per finding (``fabric.ib.<kind>``, labelled with
+    the cable as its ``pair``, so the report lists findings by link), and their count (recorded only)."""
+    found = list(findings)
+    ref = ThresholdRef(profile, ("fabric", "max_error_increase")) if profile else None
+    checks = [
+        Check("fabric.ib.findings", len(found), "", scope="fabric",
+              hint="gpucluster fabric scan's findings over the run (recorded; each is its own check)")
+    ]  # fmt: skip
+    for f in found:
+        checks.append(
+            Check(f"fabric.ib.{f.kind}", 1, "", threshold=0, comparison="<=", ref=ref if f.kind == "counter" else None,
+                  scope="fabric", labels={"pair": f.where}, hint=f"{f.detail} -> {f.action}")
+        )  # fmt: skip
+    return checks

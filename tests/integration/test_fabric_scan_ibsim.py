@@ -170,3 +170,29 @@ def test_cable_history_names_the_cable_that_keeps_failing(
     assert out[0] == "cables failing in 2+ of the last 2 fabric scan(s): 1"
     assert out[1] == "gpu-node-003 mlx5_1 (rail 1) <-> leaf-r1-01 port 3: failed in 2 of the last 2 scans"
     assert all("trained at 1X" in line for line in out[2:]) and len(out) == 4
+
+
+def test_acceptance_before_after_scan_checks(clean: IbSim, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What acceptance/test_fabric.py records around a run when the controller reaches the fabric."""
+    from pytest_gpucluster.fabric_scan import TOOL_PREFIX_ENV, suite_checks, suite_reading
+    from pytest_gpucluster.profiles.loader import load_profile
+
+    hw = load_profile("cpu-local").model
+    monkeypatch.setenv(TOOL_PREFIX_ENV, shlex.join(clean.prefix))
+    said: list[str] = []
+    before = suite_reading(said.append)
+    assert before is not None and said == []
+    assert [(c.metric, c.value, c.failed) for c in suite_checks(before, hw)] == [
+        ("fabric.ib.findings", 0, False)
+    ]
+    clean.set_counter("leaf-r0-02", 2, "LinkErrorRecoveryCounter", 7)
+    try:
+        checks = suite_checks(before, hw)
+    finally:
+        clean.set_counter("leaf-r0-02", 2, "LinkErrorRecoveryCounter", 0)
+    assert [(c.metric, c.value, c.failed) for c in checks] == [
+        ("fabric.ib.findings", 1, False), ("fabric.ib.counter", 1, True)]  # fmt: skip
+    assert checks[1].labels == {"pair": "leaf-r0-02 port 2 <-> gpu-node-006 mlx5_0 (rail 0)"}
+    assert checks[1].hint == "LinkErrorRecoveryCounter +7 (0 -> 7, allowed 0) -> replace cable"
+    monkeypatch.setenv(TOOL_PREFIX_ENV, "/nonexistent/wrapper")
+    assert suite_reading(said.append) is None and said[0].startswith("InfiniBand fabric scan skipped: ")
