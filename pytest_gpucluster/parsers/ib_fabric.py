@@ -194,6 +194,20 @@ def _duplicates(nodes: Iterable[IbNode]) -> Counter[str]:
     return Counter(n.description for n in nodes)
 
 
+# ---- prefixes ---------------------------------------------------------------------------------------
+
+_PDSH = re.compile(r"^\s*[A-Za-z0-9][\w.\-]*:\s")
+
+
+def _match(pattern: re.Pattern[str], line: str) -> re.Match[str] | None:
+    """``pattern`` on the line, or on it without a pdsh/clush ``host: `` prefix."""
+    if m := pattern.match(line):
+        return m
+    if p := _PDSH.match(line):
+        return pattern.match(line[p.end() :])
+    return None
+
+
 # ---- ibnetdiscover ---------------------------------------------------------------------------------
 
 _HEADER = re.compile(
@@ -223,10 +237,10 @@ def parse_ibnetdiscover(text: str) -> tuple[dict[str, IbNode], tuple[IbLink, ...
     current: str | None = None
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
-        if m := _GUID_LINE.match(line):
+        if m := _match(_GUID_LINE, line):
             pending_guid = _guid(m.group("guid"))
             continue
-        if m := _HEADER.match(line):
+        if m := _match(_HEADER, line):
             ident, desc = m.group("id"), m.group("desc")
             if pending_guid is not None:
                 key = pending_guid
@@ -241,7 +255,7 @@ def parse_ibnetdiscover(text: str) -> tuple[dict[str, IbNode], tuple[IbLink, ...
             ids[ident] = key
             current, pending_guid = key, None
             continue
-        if m := _PORT.match(line):
+        if m := _match(_PORT, line):
             if current is None:
                 raise ParseError(
                     f"ibnetdiscover line {number}: a port line before any Switch/Ca header: {line!r}"
@@ -292,13 +306,13 @@ def parse_iblinkinfo(text: str) -> list[LinkInfoRow]:
     block_guid: str | None = None
     block_desc: str | None = None
     for line in text.splitlines():
-        if m := _LI_SWITCH.match(line):
+        if m := _match(_LI_SWITCH, line):
             block_guid, block_desc = _guid(m.group("guid")), m.group("desc").strip()
             continue
-        if m := _LI_CA.match(line):
+        if m := _match(_LI_CA, line):
             block_guid, block_desc = None, m.group("desc").strip()
             continue
-        m = _LI_PORT.match(line)
+        m = _match(_LI_PORT, line)
         if not m:
             continue
         guid = _guid(m.group("guid")) if m.group("guid") else block_guid
@@ -334,7 +348,7 @@ def parse_ibqueryerrors(text: str) -> dict[tuple[str, int], dict[str, int]]:
     for line in text.splitlines():
         if line.startswith("## Summary"):
             seen_summary = True
-        m = _QE_PORT.match(line)
+        m = _match(_QE_PORT, line)
         if not m or m.group("port") == "ALL":
             continue
         counters = out.setdefault((_guid(m.group("guid")), int(m.group("port"))), {})

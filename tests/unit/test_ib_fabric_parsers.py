@@ -233,3 +233,44 @@ def test_slow_pairs_through_the_only_spine() -> None:
     outcomes = [PairOutcome(a, b, 0, leaf[a] != leaf[b]) for a, b in combinations(hosts, 2)]
     verdict = localize_on_fabric(model, outcomes)
     assert verdict is not None and (verdict.element, verdict.slow, verdict.fast) == ("spine spine-01", 24, 0)
+
+
+def test_pdsh_prefixed_outputs_parse_alike() -> None:
+    """The same tools run through pdsh/clush: every line starts ``login01: ``."""
+
+    def prefixed(name: str) -> str:
+        return "".join(f"login01: {line}\n" for line in read(name).splitlines())
+
+    plain = build_fabric(read("ibsim_8x2_faults_ibnetdiscover.txt"), read("ibsim_8x2_faults_iblinkinfo.txt"),
+                         read("ibsim_8x2_faults_ibqueryerrors.txt"), read("ibsim_sminfo_master.txt"))  # fmt: skip
+    again = build_fabric(prefixed("ibsim_8x2_faults_ibnetdiscover.txt"), prefixed("ibsim_8x2_faults_iblinkinfo.txt"),
+                         prefixed("ibsim_8x2_faults_ibqueryerrors.txt"), prefixed("ibsim_sminfo_master.txt"))  # fmt: skip
+    assert again == plain
+    assert parse_iblinkinfo(prefixed("iblinkinfo_qdr_ca_and_switch_blocks.txt")) == parse_iblinkinfo(
+        read("iblinkinfo_qdr_ca_and_switch_blocks.txt")
+    )
+    assert parse_ibnetdiscover(prefixed("ibnetdiscover_hdr_faked_superbench.txt")) == parse_ibnetdiscover(
+        read("ibnetdiscover_hdr_faked_superbench.txt")
+    )
+
+
+def test_profile_fabric_ib_section(tmp_path: Path) -> None:
+    from pytest_gpucluster.errors import ProfileError
+    from pytest_gpucluster.fabric_scan import settings_from_profile
+
+    profile = tmp_path / "site.yaml"
+    profile.write_text(
+        "extends: cpu-local\nname: site\nfabric:\n  allowed_increase: {symbol_error: 10}\n"
+        "  ib: {link_width: 4, link_speed: ndr, rails: 8, topology: rail-optimized}\n"
+    )
+    settings = settings_from_profile(str(profile))
+    assert (settings.link_width, settings.link_speed, settings.rails, settings.rail_optimized) == (
+        4,
+        "NDR",
+        8,
+        True,
+    )
+    assert settings.allowed_increase["symbol_error"] == 10  # merged over cpu-local's allowances
+    profile.write_text("extends: cpu-local\nname: site\nfabric:\n  ib: {link_speed: 400G}\n")
+    with pytest.raises(ProfileError, match="not an IBTA lane speed"):
+        settings_from_profile(str(profile))
