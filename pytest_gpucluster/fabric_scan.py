@@ -282,3 +282,9 @@ def add_fabric_command(sub: Any) -> None:
                    help="run every tool under this command (split like a shell: 'sudo', 'ibsim-run')")  # fmt: skip
     p.add_argument("--timeout", type=float, default=600.0, help="seconds each tool may take (default 600)")
     p.set_defaults(func=cmd_fabric_scan)
+    for register in FABRIC_ACTIONS:
+        register(actions)
+
+
+FABRIC_ACTIONS: list[Any] = []
+"""More ``gpucluster fabric`` actions, registered by modules of higher layers (cli.py adds ``localize``)."""

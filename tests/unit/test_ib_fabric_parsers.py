@@ -274,3 +274,40 @@ def test_profile_fabric_ib_section(tmp_path: Path) -> None:
     profile.write_text("extends: cpu-local\nname: site\nfabric:\n  ib: {link_speed: 400G}\n")
     with pytest.raises(ProfileError, match="not an IBTA lane speed"):
         settings_from_profile(str(profile))
+
+
+def test_fabric_localize_command_on_a_runs_pairs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``gpucluster fabric localize``: a recorded run's results.json with its pairs replaced by pairs on a
+    generated fabric, where every pair leaving leaf-r0-01 (or -r1-01) ran at a third of the others."""
+    import json
+    from itertools import combinations
+
+    from pytest_gpucluster.cli import main
+    from pytest_gpucluster.results.model import Check, Measurement
+
+    model = _model(TopologySpec(nodes=16, rails=2, nodes_per_leaf=4))
+    (tmp_path / "fabric.json").write_text(json.dumps({"model": model.to_json(), "findings": []}))
+    hosts = [f"gpu-node-{i:03d}" for i in range(1, 17)]
+    under = set(hosts[:4])
+    run = json.loads((DATA.parents[0] / "results" / "cpu_local_run.json").read_text())
+    run["measurements"] = [
+        Measurement.of(
+            Check("burnin.pair_busbw", 4e9 if (a in under) != (b in under) else 12e9, "B/s", scope="inter-node",
+                  labels={"pair": f"{a}<->{b}", "round": 1}),
+            test_id="acceptance/test_burnin.py::test_pairwise", time=0.0,
+        ).to_json()
+        for a, b in combinations(hosts, 2)
+    ]  # fmt: skip
+    (tmp_path / "results.json").write_text(json.dumps(run))
+    code = main(
+        ["fabric", "localize", str(tmp_path / "results.json"), "--fabric", str(tmp_path / "fabric.json")]
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert (
+        code == 1 and out[0] == "fabric localize: 120 pair(s) in round 1, 48 slow (below 90% of the median)"
+    )
+    # the pairs used both rails: both leaves under the four nodes explain them; the first by name is reported
+    assert (
+        out[1]
+        == "  leaf leaf-r0-01 uplinks: all 48 slow pairs cross it, 0 passing pair(s) do -> look at this element"
+    )
