@@ -353,8 +353,10 @@ def findings_checks(findings: Iterable[FabricFinding], profile: str | None = Non
               hint="gpucluster fabric scan's findings over the run (recorded; each is its own check)")
     ]  # fmt: skip
     for f in found:
+        # a cable is the finding's "pair" (a link between two ends); a host or a switch is named as such
+        who = {"hca-count": "host", "leaf-uplinks": "device", "subnet-manager": None}.get(f.kind, "pair")
         checks.append(
             Check(f"fabric.ib.{f.kind}", 1, "", threshold=0, comparison="<=", ref=ref if f.kind == "counter" else None,
-                  scope="fabric", labels={"pair": f.where}, hint=f"{f.detail} -> {f.action}")
+                  scope="fabric", labels={who: f.where} if who else {}, hint=f"{f.detail} -> {f.action}")
         )  # fmt: skip
     return checks
