@@ -173,7 +173,7 @@ def judge(
     found = judge_links(model, settings.link_width, settings.link_speed)
     found += judge_topology(model, golden) if golden is not None else judge_shape(model, settings.rails)
     if settings.rail_optimized:
-        found += judge_rails(golden if golden is not None else model)
+        found += judge_rails(model)
     found += judge_sm(model)
     if since is not None:
         found += judge_counters(since, model, settings.max_error_increase, settings.allowed_increase,

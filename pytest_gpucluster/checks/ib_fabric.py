@@ -156,10 +156,12 @@ def judge_topology(model: FabricModel, golden: FabricModel) -> list[FabricFindin
     missing = {k: then[k] for k in then.keys() - now.keys()}
     extra = {k: now[k] for k in now.keys() - then.keys()}
 
+    kind_of = {golden.label(k): n.kind for k, n in golden.nodes.items()}
+    key_now = {model.label(k): k for k in model.nodes}
+
     def name(end: tuple[str, int]) -> str:
         label, port = end
-        kind = next((n.kind for n in golden.nodes.values() if golden.label(n.key) == label), None)
-        if kind == "ca":
+        if kind_of.get(label) == "ca":
             return (
                 label
                 + (f" port {port}" if port != 1 else "")
@@ -168,7 +170,7 @@ def judge_topology(model: FabricModel, golden: FabricModel) -> list[FabricFindin
         return f"{label} port {port}"
 
     def state(end: tuple[str, int]) -> str:
-        key = next((k for k in model.nodes if model.label(k) == end[0]), None)
+        key = key_now.get(end[0])
         got = model.port_states.get((key, end[1])) if key else None
         return f"{got[0]}/{got[1]}" if got else ("not on the fabric" if key is None else "no cable")
 
@@ -177,10 +179,10 @@ def judge_topology(model: FabricModel, golden: FabricModel) -> list[FabricFindin
         # The end both cables share is what moved; an HCA end first (the HCA is what was re-plugged).
         moved_from = sorted(
             (m for m in missing if m & ends),
-            key=lambda m: not any(_label_is_ca(golden, e[0]) for e in m & ends),
+            key=lambda m: not any(kind_of.get(e[0]) == "ca" for e in m & ends),
         )
         if moved_from:
-            anchor = sorted(moved_from[0] & ends, key=lambda e: not _label_is_ca(golden, e[0]))[0]
+            anchor = sorted(moved_from[0] & ends, key=lambda e: kind_of.get(e[0]) != "ca")[0]
             (was,) = moved_from[0] - {anchor}
             (now_at,) = ends - {anchor}
             del missing[moved_from[0]]
@@ -188,20 +190,16 @@ def judge_topology(model: FabricModel, golden: FabricModel) -> list[FabricFindin
                                      f"the golden topology has {name(anchor)} cabled to {name(was)}",
                                      f"move the cable back to {name(was)}"))  # fmt: skip
         else:
-            a, b = sorted(ends, key=lambda e: _label_is_ca(golden, e[0]))
+            a, b = sorted(ends, key=lambda e: kind_of.get(e[0]) == "ca")
             out.append(FabricFinding("extra-cable", f"{name(a)} <-> {name(b)}",
                                      "cabled, but not in the golden topology",
                                      "check the cabling plan; remove the cable or update the golden topology"))  # fmt: skip
     for ends in sorted(missing, key=lambda e: sorted(e)):
-        a, b = sorted(ends, key=lambda e: _label_is_ca(golden, e[0]))
+        a, b = sorted(ends, key=lambda e: kind_of.get(e[0]) == "ca")
         out.append(FabricFinding("missing-cable", f"{name(a)} <-> {name(b)}",
                                  f"in the golden topology, not found ({name(a)}: {state(a)}; {name(b)}: {state(b)})",
                                  "reseat or replace the cable"))  # fmt: skip
     return out
-
-
-def _label_is_ca(model: FabricModel, label: str) -> bool:
-    return any(n.kind == "ca" and model.label(n.key) == label for n in model.nodes.values())
 
 
 def judge_shape(model: FabricModel, rails: int | None = None) -> list[FabricFinding]:

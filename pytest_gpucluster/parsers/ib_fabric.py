@@ -143,15 +143,28 @@ class FabricModel:
     port_states: Mapping[tuple[str, int], tuple[str, str]] = field(default_factory=dict)
     counters: Mapping[tuple[str, int], Mapping[str, int]] = field(default_factory=dict)
     sm: SmInfo | None = None
+    _labels: dict[str, str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        repeated = _duplicates(self.nodes.values())
+        labels = {
+            key: f"{n.description} ({n.key})".strip()
+            if repeated[n.description] > 1 or not n.description
+            else n.description
+            for key, n in self.nodes.items()
+        }
+        object.__setattr__(self, "_labels", labels)
 
     def label(self, key: str) -> str:
         """How a person names a node: its description, with the GUID only where descriptions repeat."""
-        node = self.nodes.get(key)
-        if node is None:
-            return key
-        if _duplicates(self.nodes.values()).get(node.description, 0) > 1 or not node.description:
-            return f"{node.description} ({node.key})".strip()
-        return node.description
+        return self._labels.get(key, key)
+
+    def key_of(self, label: str) -> str | None:
+        """The node a label names (the inverse of `label`), or None."""
+        for key, text in self._labels.items():
+            if text == label:
+                return key
+        return None
 
     def peer(self, end: tuple[str, int]) -> tuple[str, int] | None:
         for link in self.links:
