@@ -162,7 +162,7 @@ class IbSim:
     def run(self, argv: Sequence[str], timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         """Run one tool against the fabric; stdout and stderr together."""
         return subprocess.run(
-            [*self.prefix, *argv], capture_output=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            [*self.prefix, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, env=self.env, timeout=timeout, check=False,
         )  # fmt: skip
 
