@@ -234,6 +234,9 @@ _PORT = re.compile(
 _LID = re.compile(r"\blid (\d+)")
 _WIDTH_SPEED = re.compile(r"\b(\d+)x([A-Z][A-Z0-9]*)\b")
 _SIM_WIDTH = re.compile(r"(?:^|\s)w=(\d+)")
+_SIM_SPEED = re.compile(r"(?:^|\s)s=(\d+)")
+_SIM_SPEEDS = {1: "SDR", 2: "DDR", 4: "QDR"}
+"""ibsim's ``s=`` codes (IBTA LinkSpeedActive): an ibsim topology file states speeds this way."""
 
 
 def parse_ibnetdiscover(text: str) -> tuple[dict[str, IbNode], tuple[IbLink, ...], dict[str, str]]:
@@ -278,8 +281,12 @@ def parse_ibnetdiscover(text: str) -> tuple[dict[str, IbNode], tuple[IbLink, ...
             width = speed = None
             if ws := _WIDTH_SPEED.search(comment):
                 width, speed = int(ws.group(1)), speed_name(ws.group(2))
-            elif sim := _SIM_WIDTH.search(rest.split("#", 1)[0]):
-                width = int(sim.group(1))
+            else:
+                options = rest.split("#", 1)[0]
+                if sim := _SIM_WIDTH.search(options):
+                    width = int(sim.group(1))
+                if sim := _SIM_SPEED.search(options):
+                    speed = _SIM_SPEEDS.get(int(sim.group(1)))
             if m.group("pguid"):
                 port_guids[_guid(m.group("pguid"))] = current
                 if (

@@ -9,6 +9,7 @@ node's HCAs on the node's own leaf (``leaf-01``).
 
 Faults are options of the layout, so the generated text is the broken fabric and the golden
 text is the same spec without them: ``narrow`` (cables trained at 1X on both ends, ``w=1``),
+``slow`` (cables at SDR, ``s=1``, where ``speed`` sets the others faster: ``speed=4`` is QDR),
 ``missing`` (cables left out: both ports Down/Polling), ``swap_rails`` (a node's two HCAs
 plugged into each other's leaf ports: both on the wrong rail's leaf).
 
@@ -35,13 +36,15 @@ def hca_name(i: int, rail: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Cable:
-    """One cable: (node description, port) at both ends, and the width it trains at (None: full)."""
+    """One cable: (node description, port) at both ends, the width it trains at and its lane speed as
+    ibsim codes it (``s=``: 1 SDR, 2 DDR, 4 QDR); None: ibsim's default (4X, SDR)."""
 
     a: str
     a_port: int
     b: str
     b_port: int
     width: int | None = None
+    speed: int | None = None
 
     def ends(self) -> frozenset[tuple[str, int]]:
         return frozenset({(self.a, self.a_port), (self.b, self.b_port)})
@@ -52,8 +55,8 @@ class TopologySpec:
     """A two-level fabric: ``nodes`` x ``rails`` HCAs, leaves of ``nodes_per_leaf`` down-ports, spines.
 
     ``uplinks`` is the number of cables from each leaf to each spine. Fault options name cables by
-    one end: ``narrow`` and ``missing`` hold (description, port) pairs; ``swap_rails`` holds
-    (node index, rail a, rail b) triples.
+    one end: ``narrow`` (1X), ``slow`` (SDR where ``speed`` sets a faster one, e.g. 4: QDR) and
+    ``missing`` hold (description, port) pairs; ``swap_rails`` holds (node index, rail a, rail b) triples.
     """
 
     nodes: int
@@ -62,7 +65,9 @@ class TopologySpec:
     spines: int = 2
     uplinks: int = 1
     rail_optimized: bool = True
+    speed: int | None = None
     narrow: tuple[tuple[str, int], ...] = ()
+    slow: tuple[tuple[str, int], ...] = ()
     missing: tuple[tuple[str, int], ...] = ()
     swap_rails: tuple[tuple[int, int, int], ...] = ()
 
@@ -95,10 +100,11 @@ class Topology:
 
     def text(self) -> str:
         """The fabric in ``ibnetdiscover`` format: one record per node, each connected port on a line."""
-        by_node: dict[str, list[tuple[int, str, int, int | None]]] = {}
+        by_node: dict[str, list[tuple[int, str, int, str]]] = {}
         for c in self.cables:
-            by_node.setdefault(c.a, []).append((c.a_port, c.b, c.b_port, c.width))
-            by_node.setdefault(c.b, []).append((c.b_port, c.a, c.a_port, c.width))
+            options = (f" w={c.width}" if c.width else "") + (f" s={c.speed}" if c.speed else "")
+            by_node.setdefault(c.a, []).append((c.a_port, c.b, c.b_port, options))
+            by_node.setdefault(c.b, []).append((c.b_port, c.a, c.a_port, options))
         out = [f"# generated: {self.spec}", ""]
         # The first record is where ibsim attaches its clients (and the SM): a spine when there is one.
         for name in sorted(self.switches, key=lambda n: (not n.startswith("spine"), n)):
@@ -112,11 +118,8 @@ class Topology:
         return "\n".join(out)
 
 
-def _port_lines(ports: Iterable[tuple[int, str, int, int | None]]) -> list[str]:
-    return [
-        f'[{port}]\t"{peer}"[{peer_port}]' + (f" w={width}" if width else "")
-        for port, peer, peer_port, width in sorted(ports)
-    ]
+def _port_lines(ports: Iterable[tuple[int, str, int, str]]) -> list[str]:
+    return [f'[{port}]\t"{peer}"[{peer_port}]{options}' for port, peer, peer_port, options in sorted(ports)]
 
 
 def generate(spec: TopologySpec) -> Topology:
@@ -151,12 +154,14 @@ def generate(spec: TopologySpec) -> Topology:
                 leaf_port = down + s * spec.uplinks + u + 1
                 spine_port = li * spec.uplinks + u + 1
                 cables.append(Cable(leaf, leaf_port, f"spine-{s + 1:02d}", spine_port))
-    narrow, missing = set(spec.narrow), set(spec.missing)
+    narrow, slow, missing = set(spec.narrow), set(spec.slow), set(spec.missing)
     kept = []
     for c in cables:
         if c.ends() & missing:
             continue
-        kept.append(Cable(c.a, c.a_port, c.b, c.b_port, 1) if c.ends() & narrow else c)
+        width = 1 if c.ends() & narrow else None
+        speed = 1 if c.ends() & slow else spec.speed
+        kept.append(Cable(c.a, c.a_port, c.b, c.b_port, width, speed))
     return Topology(
         spec=spec,
         switches=switches,

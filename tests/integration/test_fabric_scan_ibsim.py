@@ -24,11 +24,13 @@ pytestmark = pytest.mark.skipif(
     bool(missing_tools()), reason=f"no simulated IB fabric: not installed: {', '.join(missing_tools())}"
 )
 
-CLEAN = TopologySpec(nodes=8, rails=2)
+CLEAN = TopologySpec(nodes=8, rails=2, speed=4)  # 4X QDR everywhere
 FAULTY = TopologySpec(
     nodes=8,
     rails=2,
+    speed=4,
     narrow=(("gpu-node-003 mlx5_1", 1),),  # trains at 1X on both ends
+    slow=(("gpu-node-002 mlx5_0", 1),),  # runs at SDR among QDR
     missing=(("gpu-node-005 mlx5_0", 1),),  # the cable is pulled
     swap_rails=((6, 0, 1),),  # gpu-node-007's two HCAs plugged into each other's leaf ports
 )
@@ -65,8 +67,8 @@ def test_clean_fabric_scans_clean(
     code, lines = scan(clean, capsys, "--rail-optimized", "--expect-topology", golden, "--out", tmp_path)
     assert (code, lines) == (0, [])
     doc = json.loads((tmp_path / "fabric.json").read_text())
+    assert {(x["width"], x["speed"]) for x in doc["model"]["links"]} == {(4, "QDR")}
     assert doc["findings"] == [] and len(doc["model"]["links"]) == 8 * 2 + 4 * 2  # HCA cables + leaf-spine
-    assert {x["width"] for x in doc["model"]["links"]} == {4}
     assert doc["model"]["sm"]["state"] == "SMINFO_MASTER"
     # the scan's own ibnetdiscover is a golden topology for the next one
     code, lines = scan(clean, capsys, "--expect-topology", tmp_path / "ibnetdiscover.txt")
@@ -106,7 +108,9 @@ def test_faults_named_by_both_ends(
     assert any(x.startswith("leaf-r0-02 port 3 <-> gpu-node-007 mlx5_1 (rail 1): a rail-1 HCA on a rail-0 leaf")
                and x.endswith("-> re-cable gpu-node-007 mlx5_1 to a rail-1 leaf") for x in lines)  # fmt: skip
     assert any(x.startswith("gpu-node-005: 1 HCA(s) on the fabric (mlx5_1), most hosts: 2") for x in lines)
-    assert len(lines) == 4
+    slow = "leaf-r0-01 port 2 <-> gpu-node-002 mlx5_0 (rail 0): runs at SDR, expected QDR (as 14 of 15 host cables)"
+    assert f"{slow} -> replace cable" in lines
+    assert len(lines) == 5
 
     code, lines = scan(faulty, capsys, "--expect-topology", golden)
     assert code == 1
@@ -119,7 +123,7 @@ def test_faults_named_by_both_ends(
         "gpu-node-007 mlx5_0 (rail 0) <-> leaf-r1-02 port 3: the golden topology has gpu-node-007 mlx5_0 (rail 0) "
         "cabled to leaf-r0-02 port 3 -> move the cable back to leaf-r0-02 port 3"
     ) in lines
-    assert sum("move the cable back" in x for x in lines) == 2 and len(lines) == 4
+    assert sum("move the cable back" in x for x in lines) == 2 and len(lines) == 5
 
 
 def test_pulled_cable_while_running_is_named(
@@ -167,9 +171,13 @@ def test_cable_history_names_the_cable_that_keeps_failing(
     capsys.readouterr()
     assert main(["history", "cables", "--db", str(db), "--recurring", "2"]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "cables failing in 2+ of the last 2 fabric scan(s): 1"
-    assert out[1] == "gpu-node-003 mlx5_1 (rail 1) <-> leaf-r1-01 port 3: failed in 2 of the last 2 scans"
-    assert all("trained at 1X" in line for line in out[2:]) and len(out) == 4
+    assert out[0] == "cables failing in 2+ of the last 2 fabric scan(s): 2"  # the 1X cable and the SDR one
+    assert out[1] == "gpu-node-002 mlx5_0 (rail 0) <-> leaf-r0-01 port 2: failed in 2 of the last 2 scans"
+    assert out[4] == "gpu-node-003 mlx5_1 (rail 1) <-> leaf-r1-01 port 3: failed in 2 of the last 2 scans"
+    assert all("runs at SDR" in line for line in out[2:4]) and all(
+        "trained at 1X" in line for line in out[5:]
+    )
+    assert len(out) == 7
 
 
 def test_acceptance_before_after_scan_checks(clean: IbSim, monkeypatch: pytest.MonkeyPatch) -> None:
