@@ -204,3 +204,16 @@ def test_acceptance_before_after_scan_checks(clean: IbSim, monkeypatch: pytest.M
     assert checks[1].hint == "LinkErrorRecoveryCounter +7 (0 -> 7, allowed 0) -> replace cable"
     monkeypatch.setenv(TOOL_PREFIX_ENV, "/nonexistent/wrapper")
     assert suite_reading(said.append) is None and said[0].startswith("InfiniBand fabric scan skipped: ")
+
+
+def test_fat_tree_leaf_short_of_an_uplink(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A plain fat tree (a node's HCAs all on its own leaf), one leaf-to-spine cable left out: without a
+    golden topology the leaf is named with its Down port."""
+    spec = TopologySpec(nodes=12, rails=2, rail_optimized=False, speed=4, missing=(("leaf-02", 10),))
+    with IbSim(generate(spec).text(), tmp_path / "ibsim") as sim:
+        code, lines = scan(sim, capsys)
+    assert code == 1
+    assert lines == [
+        "leaf-02: 1 uplinks, 2 of 3 leaves have 2; its ports Down: 10 -> find the uplink cable that is missing or "
+        "down and reseat or replace it"
+    ]
