@@ -109,11 +109,12 @@ def test_hw_auto_in_an_exclusive_allocation_without_a_gpu_request_asks_for_the_n
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False,
         )  # fmt: skip
         out = done.stdout + done.stderr
-        [probe] = [d for d in (results / "jobs").iterdir() if "node-probe" in d.name]
-        [command] = json.loads((probe / COMMANDS_FILE).read_text())
-        argv = command["argv"]
-        assert argv[0].endswith("srun") and "--gres=gpu:8" in argv, argv  # from scontrol show node
-        ranks = [json.loads((probe / f"rank-{r}.json").read_text()) for r in (0, 1)]
+        probes = [d for d in (results / "jobs").iterdir() if "node-probe" in d.name]
+        argvs = [c["argv"] for d in probes for c in json.loads((d / COMMANDS_FILE).read_text())]
+        assert argvs and all(a[0].endswith("srun") and "--gres=gpu:8" in a for a in argvs), (
+            argvs
+        )  # scontrol's Gres
+        ranks = [json.loads(f.read_text()) for d in probes for f in sorted(d.glob("rank-*.json"))]
         # Slurm gave the probe step the nodes' GPUs (without the request: none, the job being exclusive)
         assert [r["value"]["env"].get("SLURM_STEP_GPUS") for r in ranks] == ["0,1,2,3,4,5,6,7"] * 2, ranks
         assert done.returncode != 0, out[-3000:]
