@@ -242,6 +242,9 @@ def test_the_xid_listener_held_as_an_overlap_step_outlives_every_job_step_and_en
         first = cluster.run("slurm_ranks:held", options={"dir": state}, timeout=60, init_process_group=False,
                             pick_device=False)  # fmt: skip
         assert [v["listening"] for v in first.values] == [True] * len(nodes), first.values
+        assert (
+            "--gpus-per-node=8" in first.commands[0].argv
+        )  # the job steps get the GPUs the listener overlaps
         cluster.run(basic.noop, timeout=60, init_process_group=False, pick_device=False)  # "the NCCL tests"
         (tmp_path / f"xid-{nodes[1]}.json").write_text(json.dumps({"xid": 79}))  # a GPU falls off the bus
         cluster.run(basic.noop, timeout=60, init_process_group=False, pick_device=False)  # "the SFT test"
