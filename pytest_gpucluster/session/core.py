@@ -31,7 +31,7 @@ from pytest_gpucluster.profiles.loader import LoadedProfile
 from pytest_gpucluster.results.recorder import Recorder
 from pytest_gpucluster.session.probe import all_local, allocation_cpus
 from pytest_gpucluster.session.set_aside import NodeSplit
-from pytest_gpucluster.session.spec import NodeList, listed_hosts
+from pytest_gpucluster.session.spec import NodeList
 
 if TYPE_CHECKING:
     from pytest_gpucluster.cluster.preflight import PreflightFinding
@@ -124,6 +124,14 @@ class GpuClusterSession:
         return forward_patterns(self.settings.forward_env, self.profile.model.launch.forward_env)
 
     @property
+    def probe_deadline(self) -> float:
+        """Each node's probe job: a one-node start-up (``--rendezvous-timeout``) and the probe's work."""
+        from pytest_gpucluster.cluster.probe import PROBE_WORK_S
+        from pytest_gpucluster.launch.job import rendezvous_deadline
+
+        return rendezvous_deadline(1, self.settings.rendezvous_timeout) + PROBE_WORK_S
+
+    @property
     def rendezvous_deadline(self) -> float:
         from pytest_gpucluster.launch.job import rendezvous_deadline
 
@@ -187,11 +195,23 @@ class GpuClusterSession:
 
     @property
     def hosts(self) -> list[str]:
-        hosts = self._all_hosts()
+        """The nodes jobs run on: the usable ones (`usable_hosts`), narrowed to the suspects while
+        they are retested."""
+        hosts = self.usable_hosts
         return [h for h in hosts if h in self.only_hosts] if self.only_hosts else hosts
 
-    def _all_hosts(self) -> list[str]:
-        return listed_hosts(self.hostfile, self.settings, self.machine.hostname)
+    @property
+    def usable_hosts(self) -> list[str]:
+        """The nodes given (``--gpucluster-exclude`` left out), without those the set-aside stage
+        set aside (`session.set_aside`); a hostfile that cannot be read raises its error."""
+        _ = self.hostfile
+        usable = self.split.usable if self.split is not None else None
+        return [h for h in self.nodes.hosts if usable is None or h in usable]
+
+    def narrow_to_usable(self, split: NodeSplit) -> None:
+        """Keep the set-aside stage's split: jobs launched from now on run on its usable nodes only."""
+        self.split = split
+        self.__dict__.pop("cluster", None)
 
     def retest_on(self, hosts: tuple[str, ...]) -> None:
         """Narrow the session's cluster to ``hosts`` (the suspects to retest); () widens it again.
@@ -235,8 +255,9 @@ class GpuClusterSession:
             )
         else:
             spec = ClusterSpec.from_local(self.ranks_per_node, self.backend)
-        if self.only_hosts and not all_local(self._all_hosts()):  # this machine alone: nothing to narrow
-            spec = replace(spec, hosts=tuple(h for h in spec.hosts if h[0] in self.only_hosts))
+        keep = set(self.hosts)
+        if not self.nodes.local and len(keep) < spec.nnodes:  # this machine alone: nothing to narrow
+            spec = replace(spec, hosts=tuple(h for h in spec.hosts if h[0] in keep))
         nnodes = self.settings.nnodes
         if nnodes and nnodes < spec.nnodes:
             spec = replace(spec, hosts=spec.hosts[:nnodes])
