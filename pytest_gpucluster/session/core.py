@@ -117,6 +117,17 @@ class GpuClusterSession:
         return self.probed
 
     @property
+    def usable_facts(self) -> ClusterFacts | None:
+        """The probed facts of the usable nodes only (those set aside left out): what capability
+        marks are judged on."""
+        facts = self.node_facts
+        if facts is None or self.split is None:
+            return facts
+        usable = {h.split(".")[0] for h in self.split.usable}
+        kept = tuple(n for n in facts.nodes if n.host.split(".")[0] in usable)
+        return replace(facts, nodes=kept) if kept else facts
+
+    @property
     def forward_patterns(self) -> tuple[str, ...]:
         """The variables every job carries: the defaults, ``--forward-env``, the profile's."""
         from pytest_gpucluster.launch.forward_env import forward_patterns
@@ -322,8 +333,8 @@ class GpuClusterSession:
                 missing.append(f"needs {min_nodes} nodes, the cluster has {self.available_nodes} ({where})")
             min_gpus = int(mark.kwargs.get("min_gpus_per_node", 0))
             needs = tuple(mark.kwargs.get("needs", ()))
-            facts = self.node_facts
-            if facts is not None:  # judged on the nodes, never on this (login) machine
+            facts = self.usable_facts
+            if facts is not None:  # judged on the usable nodes, never on this (login) machine
                 missing += facts.unmet(min_gpus=min_gpus, needs=needs)
             for need in needs:
                 if need == "multi-node":
