@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from pytest_gpucluster.cluster import probe as cluster_probe
 from pytest_gpucluster.cluster.node_facts import ClusterFacts
-from pytest_gpucluster.cluster.probe import probe_each, probe_here, probe_options
+from pytest_gpucluster.cluster.probe import probe_options
 from pytest_gpucluster.options import Settings
 from pytest_gpucluster.profiles.detect import detect_machine
 from pytest_gpucluster.results.model import SET_ASIDE_TEST_ID
@@ -84,7 +85,7 @@ def probe_nodes(gc: GpuClusterSession) -> ClusterFacts | None:
         gc.not_probed = f"this machine has no GPU to probe for profile {gc.profile.name}"
         return None
     if all_local(gc.hosts):
-        facts = probe_here(options)
+        facts = cluster_probe.probe_here(options)
     elif gc.cluster_error() is not None:
         return None
     elif gc.settings.dry_run:
@@ -93,7 +94,7 @@ def probe_nodes(gc: GpuClusterSession) -> ClusterFacts | None:
             (gc.progress or print)(f"[dry run] probe: {command.host}: {command.shell_line()}")
         return None
     else:
-        facts = probe_each(gc.cluster, options, timeout_s=gc.probe_deadline)
+        facts = cluster_probe.probe_each(gc.cluster, options, timeout_s=gc.probe_deadline)
     gc.keep_facts(facts)
     return facts
 

@@ -79,6 +79,7 @@ def test_a_cut_node_is_set_aside_named_and_the_others_measured_then_excluded_fit
             f"measured on 3 of 4 nodes; set aside: {cut} ({aside['reason']} -> reseat/replace cable or NIC)"
         )
         assert used["line"] == line and f"nodes: {line}" in out, out[-4000:]
+        assert f"Nodes: {line}" in (tmp_path / "cut" / "results" / "report.md").read_text()
 
         # Per-node burn-in values for the three healthy nodes, none for the cut one.
         burnin_hosts = {
