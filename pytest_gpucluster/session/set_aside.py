@@ -128,9 +128,9 @@ def _unreachable(facts: ClusterFacts) -> dict[str, str]:
     """Nodes that got no TCP answer from most peers they tried, and from which most peers that
     tried them got none, while some other node reached most of its peers: host -> why."""
     tried: dict[str, list[tuple[str, str | None]]] = {}
-    for node in facts.nodes:
+    for node in facts.nodes:  # by short names: the hostfile's and the node's own may differ
         for peer, why in (node.reach or {}).items():
-            tried.setdefault(node.host, []).append((peer, why))
+            tried.setdefault(node.host, []).append((_short(peer), why))
     out_fail = {h: sum(1 for _, why in pairs if why) for h, pairs in tried.items()}
     incoming: dict[str, list[str | None]] = {}
     for pairs in tried.values():
@@ -138,7 +138,7 @@ def _unreachable(facts: ClusterFacts) -> dict[str, str]:
             incoming.setdefault(peer, []).append(why)
     cut = {}
     for host, pairs in tried.items():
-        seen_by = incoming.get(host, [])
+        seen_by = incoming.get(_short(host), [])
         missed_by = sum(1 for w in seen_by if w)
         if out_fail[host] * 2 > len(pairs) and missed_by * 2 > len(seen_by):
             cut[host] = (
@@ -186,6 +186,10 @@ def _node_failures(
     return failures, everyone
 
 
+def _short(host: str) -> str:
+    return host.split(".")[0]
+
+
 _RUNGS = ("rerun", "drain node", "reset GPU", "reseat/replace cable or NIC", "RMA")
 
 
@@ -200,17 +204,15 @@ def split_nodes(
 ) -> NodeSplit:
     """The usable nodes of ``hosts``, those set aside, and whether the run stops (module docstring)."""
     given = len(hosts) + len(excluded)
-    failures, everyone = _node_failures(facts, findings, cuda)
+    found, everyone = _node_failures(facts, findings, cuda)
+    # ``node01`` in the hostfile is ``node01.cluster.local`` where the node names itself
+    failures = {_short(host): why for host, why in found.items()}
     aside = tuple(
-        SetAside(
-            host,
-            "; ".join(r for r, _ in failures[host]),
-            max((a for _, a in failures[host]), key=_RUNGS.index),
-        )
+        SetAside(host, "; ".join(r for r, _ in why), max((a for _, a in why), key=_RUNGS.index))
         for host in hosts
-        if host in failures
+        if (why := failures.get(_short(host)))
     )
-    usable = tuple(h for h in hosts if h not in failures)
+    usable = tuple(h for h in hosts if _short(h) not in failures)
     errors = [f.message for f in findings if f.severity == "error"]
     base = {"set_aside": aside, "excluded": tuple(excluded), "given": given}
     if everyone or (strict and (errors or aside)):
