@@ -119,7 +119,7 @@ def test_hw_auto_in_an_exclusive_allocation_without_a_gpu_request_asks_for_the_n
         assert [r["value"]["env"].get("SLURM_STEP_GPUS") for r in ranks] == ["0,1,2,3,4,5,6,7"] * 2, ranks
         assert done.returncode != 0, out[-3000:]
         hosts = ", ".join(slurm_nodes.nodes[:2])
-        assert f"--hw=auto found no GPU on any of the 2 Slurm nodes {hosts}: the probe (probe job " in out, (
+        assert f"--hw=auto found no GPU on any of the 2 Slurm nodes {hosts}: the probe (probe job" in out, (
             out[-3000:]
         )
         assert "through srun --gres=gpu:8, and the nodes said: nodes " in out, out[-3000:]
