@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_gpucluster.cluster.nccl_names import redact_env
+from pytest_gpucluster.cluster.readiness import NodeReadiness, node_readiness
 from pytest_gpucluster.errors import ParseError
 from pytest_gpucluster.parsers.fabric_ports import IbPort, parse_snapshot
 from pytest_gpucluster.parsers.nvidia_smi import parse_smi_processes, parse_smi_table
@@ -92,6 +93,9 @@ class NodeFacts:
     env: Mapping[str, str] = field(default_factory=dict)
     error: str | None = None
     """Set when the probe did not come back from this node; every other field is then empty."""
+    readiness: NodeReadiness | None = None
+    """Fabric Manager, GPUDirect plumbing, memory health, host hazards (`cluster.readiness`);
+    None where the probe did not read them (an older probe, a stand-in)."""
 
     @property
     def gpu_count(self) -> int:
@@ -152,6 +156,7 @@ class NodeFacts:
         data["links"] = [link.to_json() for link in self.links]
         data["processes"] = [dict(p) for p in self.processes]
         data["env"] = dict(self.env)
+        data["readiness"] = self.readiness.to_json() if self.readiness is not None else None
         return data
 
     @classmethod
@@ -162,6 +167,8 @@ class NodeFacts:
         values["links"] = tuple(NetLink(**link) for link in data.get("links") or ())
         values["processes"] = tuple(dict(p) for p in data.get("processes") or ())
         values["env"] = dict(data.get("env") or {})
+        ready = data.get("readiness")
+        values["readiness"] = NodeReadiness.from_json(ready) if ready else None
         return cls(**{k: v for k, v in values.items() if k in cls.__dataclass_fields__})
 
 
@@ -252,6 +259,7 @@ def node_facts(record: Mapping[str, Any], host: str | None = None) -> NodeFacts:
         probe_pid=record.get("pid"),
         cpus=int(slurm_cpus) if slurm_cpus.isdigit() else record.get("cpu_count"),
         env=redact_env({str(k): str(v) for k, v in (record.get("env") or {}).items()}),
+        readiness=node_readiness(record["readiness"]) if record.get("readiness") else None,
         **extra,
     )
 

@@ -22,19 +22,25 @@ from typing import Any
 from pytest_gpucluster.cluster.node_facts import ClusterFacts, NodeFacts, node_facts
 from pytest_gpucluster.errors import GpuClusterError, JobFailed
 
-__all__ = ["PROBE_FILE", "PROBE_WORKLOAD", "SYSFS_ROOT_ENV", "probe_cluster", "probe_here", "probe_options"]
+__all__ = ["PROBE_FILE", "PROBE_WORKLOAD", "PROC_ROOT_ENV", "SYSFS_ROOT_ENV", "probe_cluster", "probe_here", "probe_options"]
 
 PROBE_WORKLOAD = "pytest_gpucluster.workloads.node_probe:probe"
 PROBE_FILE = "probe.json"
 """Where the controller leaves the facts in the results directory (pytest-xdist workers read it)."""
 SYSFS_ROOT_ENV = "GPUCLUSTER_SYSFS_ROOT"
+PROC_ROOT_ENV = "GPUCLUSTER_PROC_ROOT"
+"""As ``GPUCLUSTER_SYSFS_ROOT``, for the procfs the readiness probe reads (limits, D state, driver)."""
 PROBE_WORK_S = 60.0
 """The probe's own work on a node (nvidia-smi, sysfs, importing torch), past the start-up deadline."""
 
 
 def probe_options(env_patterns: Sequence[str], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     env = os.environ if environ is None else environ
-    return {"env_patterns": list(env_patterns), "sysfs_root": env.get(SYSFS_ROOT_ENV) or None}
+    return {
+        "env_patterns": list(env_patterns),
+        "sysfs_root": env.get(SYSFS_ROOT_ENV) or None,
+        "proc_root": env.get(PROC_ROOT_ENV) or None,
+    }
 
 
 def probe_here(options: Mapping[str, Any]) -> ClusterFacts:
@@ -45,6 +51,7 @@ def probe_here(options: Mapping[str, Any]) -> ClusterFacts:
         socket.gethostname(),
         env_patterns=options.get("env_patterns") or (),
         sysfs_root=options.get("sysfs_root"),
+        proc_root=options.get("proc_root"),
     )
     return ClusterFacts(
         (node_facts(record),), "this machine (read in the pytest process: every host is local)"

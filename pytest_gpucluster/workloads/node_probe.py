@@ -14,7 +14,10 @@ itself when every host is this machine. What one node reports, as plain JSON:
   (``options["sysfs_root"]``, ``{host}`` replaced by this node's name, reads a recorded tree);
 - the environment that matters: the variables matching ``options["env_patterns"]`` (the launch's
   forward list), secret-looking values already replaced here;
-- CPUs: ``os.cpu_count()``, and ``SLURM_CPUS_ON_NODE`` inside a Slurm step.
+- CPUs: ``os.cpu_count()``, and ``SLURM_CPUS_ON_NODE`` inside a Slurm step;
+- readiness (`workloads.readiness_probe`): Fabric Manager, SXids, peermem, memlock, ACS, IOMMU,
+  row remaps, persistence, stuck processes, PCIe links and AER (``options["proc_root"]``, like
+  the sysfs root, reads a recorded tree).
 
 torch is imported only where GPUs were found (it costs a second or more). Standard library, torch
 and (lazily) pynvml only, like the rest of ``workloads/``.
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_gpucluster.workloads import fabric_probe
+from pytest_gpucluster.workloads.readiness_probe import read_readiness
 from pytest_gpucluster.workloads._runtime import RankContext
 from pytest_gpucluster.workloads.gpu_processes import gpu_compute_processes
 from pytest_gpucluster.workloads.nvlink_probe import load_nvml
@@ -179,11 +183,13 @@ def read_node(
     env_patterns: Sequence[str] = (),
     sysfs_root: str | None = None,
     smi: str = "nvidia-smi",
+    proc_root: str | None = None,
 ) -> dict[str, Any]:
     """Everything the probe reports for this node (see the module docstring)."""
     host = host or socket.gethostname()
     gpu = gpu_facts(smi=smi)
     root = (sysfs_root or "/sys").replace("{host}", host)
+    proc = (proc_root or "/proc").replace("{host}", host)
     facts: dict[str, Any] = {
         "host": host,
         "pid": os.getpid(),
@@ -198,6 +204,8 @@ def read_node(
         "links": fabric_probe.read_links(Path(root), shaping=root == "/sys"),
         "sysfs_root": root,
         "env": matching_env(env_patterns),
+        # readiness (workloads.readiness_probe): fabric manager, peermem, ACS, remaps, AER, ...
+        "readiness": read_readiness(sysfs_root=root, proc_root=proc, smi=smi),
     }
     if gpu.get("gpus") or gpu.get("text"):
         facts.update(_torch_view())
@@ -211,4 +219,5 @@ def probe(ctx: RankContext) -> dict[str, Any]:
         ctx.host,
         env_patterns=tuple(options.get("env_patterns") or ()),
         sysfs_root=options.get("sysfs_root"),
+        proc_root=options.get("proc_root"),
     )
