@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from pytest_gpucluster.checks.readiness import readiness_preflight
 from pytest_gpucluster.cluster.preflight import PreflightFinding, preflight
 from pytest_gpucluster.results.model import TestOutcome
 
@@ -57,6 +58,7 @@ def run_preflight(session: GpuClusterSession) -> list[PreflightFinding] | None:
         ranks_per_node=session.ranks_per_node,
         ranks_origin=_ranks_origin(session),
     )
+    findings += readiness_preflight(facts, session.profile.model)  # node readiness: warnings with their fix
     session.recorder.header["preflight"] = {
         "nodes": [n.host for n in facts.nodes if not n.error],
         "findings": [f.to_json() for f in findings],

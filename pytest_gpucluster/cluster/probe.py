@@ -22,7 +22,15 @@ from typing import Any
 from pytest_gpucluster.cluster.node_facts import ClusterFacts, NodeFacts, node_facts
 from pytest_gpucluster.errors import GpuClusterError, JobFailed
 
-__all__ = ["PROBE_FILE", "PROBE_WORKLOAD", "PROC_ROOT_ENV", "SYSFS_ROOT_ENV", "probe_cluster", "probe_here", "probe_options"]
+__all__ = [
+    "PROBE_FILE",
+    "PROBE_WORKLOAD",
+    "PROC_ROOT_ENV",
+    "SYSFS_ROOT_ENV",
+    "probe_cluster",
+    "probe_here",
+    "probe_options",
+]
 
 PROBE_WORKLOAD = "pytest_gpucluster.workloads.node_probe:probe"
 PROBE_FILE = "probe.json"

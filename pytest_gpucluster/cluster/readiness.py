@@ -175,7 +175,9 @@ def _fabric_manager(raw: Mapping[str, Any], why: dict[str, str]) -> dict[str, An
         out["fm_service"] = str(service["state"])
     else:
         said = " ".join(str(service.get("stderr") or "").split())[-200:]
-        why["fabric_manager"] = f"systemctl is-active nvidia-fabricmanager said nothing ({said or 'no message'})"
+        why["fabric_manager"] = (
+            f"systemctl is-active nvidia-fabricmanager said nothing ({said or 'no message'})"
+        )
     log = fm.get("log") or {}
     if log.get("text") is not None:
         parsed = parse_fm_log(str(log["text"]))
@@ -195,8 +197,14 @@ def _acs(raw: Mapping[str, Any], why: dict[str, str]) -> tuple[str, ...]:
     devices = parse_lspci(text)
     ends = [d for d in devices if d.is_gpu or d.is_rdma_nic]
     bridges = [d for d in devices if d.is_bridge and any(e.below(d) for e in ends)]
-    if bridges and all(b.caps_denied or b.acs_ctl is None for b in bridges) and any(b.caps_denied for b in bridges):
-        why["acs"] = "lspci -vvv shows no extended capabilities without root ('Capabilities: <access denied>'); run the probe as root to read ACS"
+    if (
+        bridges
+        and all(b.caps_denied or b.acs_ctl is None for b in bridges)
+        and any(b.caps_denied for b in bridges)
+    ):
+        why["acs"] = (
+            "lspci -vvv shows no extended capabilities without root ('Capabilities: <access denied>'); run the probe as root to read ACS"
+        )
         return ()
     return tuple(b.bdf for b in acs_on_gpu_nic_path(devices))
 

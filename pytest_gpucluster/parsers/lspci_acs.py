@@ -22,8 +22,12 @@ from dataclasses import dataclass, field
 
 __all__ = ["PciDevice", "acs_on_gpu_nic_path", "parse_lspci"]
 
-_HEAD = re.compile(r"^(?:(?P<domain>[0-9a-fA-F]{4}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})\.(?P<fn>[0-7])\s+(?P<desc>.+)$")
-_BUS = re.compile(r"Bus:\s+primary=(?P<p>[0-9a-fA-F]{2}),\s*secondary=(?P<s>[0-9a-fA-F]{2}),\s*subordinate=(?P<u>[0-9a-fA-F]{2})")
+_HEAD = re.compile(
+    r"^(?:(?P<domain>[0-9a-fA-F]{4}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})\.(?P<fn>[0-7])\s+(?P<desc>.+)$"
+)
+_BUS = re.compile(
+    r"Bus:\s+primary=(?P<p>[0-9a-fA-F]{2}),\s*secondary=(?P<s>[0-9a-fA-F]{2}),\s*subordinate=(?P<u>[0-9a-fA-F]{2})"
+)
 _FLAG = re.compile(r"(\w+)([+-])")
 REDIRECT_FLAGS = ("ReqRedir", "CmpltRedir")
 """The ACS controls that send peer-to-peer traffic up to the root complex."""

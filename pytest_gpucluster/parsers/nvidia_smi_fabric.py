@@ -82,7 +82,11 @@ def _gpu(index: int, bus_id: str | None, lines: list[str]) -> GpuReadiness:
     fabric = fabric if isinstance(fabric, Mapping) else {}
     remapped = _flatten(_find(tree, "Remapped Rows"))
     retired = _flatten(_find(tree, "Retired Pages"))
-    pages = [v for k, v in retired.items() if k.endswith(("single_bit_ecc", "double_bit_ecc")) and _int(v) is not None]
+    pages = [
+        v
+        for k, v in retired.items()
+        if k.endswith(("single_bit_ecc", "double_bit_ecc")) and _int(v) is not None
+    ]
     state = _text(_find(fabric, "State"))
     return GpuReadiness(
         index=index,

@@ -24,7 +24,15 @@ import subprocess
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["LOG_FILES", "NvmlXidListener", "kernel_log", "kernel_xids", "parse_xid_lines", "read_tail", "run_command"]
+__all__ = [
+    "LOG_FILES",
+    "NvmlXidListener",
+    "kernel_log",
+    "kernel_xids",
+    "parse_xid_lines",
+    "read_tail",
+    "run_command",
+]
 
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f:.]+)\): (?P<xid>\d+)")
 """``NVRM: Xid (PCI:0000:3b:00): 79, ...``; old drivers wrote ``(0000:01:00)`` without ``PCI:``."""

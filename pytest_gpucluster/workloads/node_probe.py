@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from pytest_gpucluster.workloads import fabric_probe
-from pytest_gpucluster.workloads.readiness_probe import read_readiness
 from pytest_gpucluster.workloads._runtime import RankContext
 from pytest_gpucluster.workloads.gpu_processes import gpu_compute_processes
 from pytest_gpucluster.workloads.nvlink_probe import load_nvml
+from pytest_gpucluster.workloads.readiness_probe import read_readiness
 
 __all__ = ["REDACTED", "gpu_facts", "probe", "read_node"]
 

@@ -160,7 +160,11 @@ def _dstate(proc: Path, pause_s: float = 0.2) -> dict[str, Any]:
 
 
 def read_readiness(
-    *, sysfs_root: str = "/sys", proc_root: str = "/proc", smi: str = "nvidia-smi", run: Runner = subprocess.run
+    *,
+    sysfs_root: str = "/sys",
+    proc_root: str = "/proc",
+    smi: str = "nvidia-smi",
+    run: Runner = subprocess.run,
 ) -> dict[str, Any]:
     """Everything the readiness checks read on this node (see the module docstring)."""
     sysfs, proc = Path(sysfs_root), Path(proc_root)
@@ -173,7 +177,9 @@ def read_readiness(
             "nvidia_peermem": (sysfs / "module" / "nvidia_peermem").is_dir(),
             "nvidia": (sysfs / "module" / "nvidia").is_dir(),
             "driver_version": _read(proc / "driver" / "nvidia" / "version"),
-            "kernel": os.uname().release if proc_root == "/proc" else _read(proc / "sys" / "kernel" / "osrelease"),
+            "kernel": os.uname().release
+            if proc_root == "/proc"
+            else _read(proc / "sys" / "kernel" / "osrelease"),
         },
         "memlock": {"limits": _read(proc / "self" / "limits")},
         "iommu": _iommu(sysfs, proc),
