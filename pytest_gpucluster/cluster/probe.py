@@ -38,6 +38,8 @@ PROBE_FILE = "probe.json"
 SYSFS_ROOT_ENV = "GPUCLUSTER_SYSFS_ROOT"
 PROC_ROOT_ENV = "GPUCLUSTER_PROC_ROOT"
 """As ``GPUCLUSTER_SYSFS_ROOT``, for the procfs the readiness probe reads (limits, D state, driver)."""
+FM_LOG_ENV = "GPUCLUSTER_FM_LOG"
+"""Fabric Manager's log file on the nodes (default ``/var/log/fabricmanager.log``; ``{host}`` replaced)."""
 PROBE_WORK_S = 60.0
 """The probe's own work on a node (nvidia-smi, sysfs, importing torch), past the start-up deadline."""
 
@@ -48,6 +50,7 @@ def probe_options(env_patterns: Sequence[str], environ: Mapping[str, str] | None
         "env_patterns": list(env_patterns),
         "sysfs_root": env.get(SYSFS_ROOT_ENV) or None,
         "proc_root": env.get(PROC_ROOT_ENV) or None,
+        "fm_log": env.get(FM_LOG_ENV) or None,
     }
 
 
@@ -60,6 +63,7 @@ def probe_here(options: Mapping[str, Any]) -> ClusterFacts:
         env_patterns=options.get("env_patterns") or (),
         sysfs_root=options.get("sysfs_root"),
         proc_root=options.get("proc_root"),
+        fm_log=options.get("fm_log"),
     )
     return ClusterFacts(
         (node_facts(record),), "this machine (read in the pytest process: every host is local)"

@@ -41,7 +41,7 @@ from pytest_gpucluster.workloads import fabric_probe
 from pytest_gpucluster.workloads._runtime import RankContext
 from pytest_gpucluster.workloads.gpu_processes import gpu_compute_processes
 from pytest_gpucluster.workloads.nvlink_probe import load_nvml
-from pytest_gpucluster.workloads.readiness_probe import read_readiness
+from pytest_gpucluster.workloads.readiness_probe import FM_LOG, read_readiness
 
 __all__ = ["REDACTED", "gpu_facts", "probe", "read_node"]
 
@@ -184,6 +184,7 @@ def read_node(
     sysfs_root: str | None = None,
     smi: str = "nvidia-smi",
     proc_root: str | None = None,
+    fm_log: str | None = None,
 ) -> dict[str, Any]:
     """Everything the probe reports for this node (see the module docstring)."""
     host = host or socket.gethostname()
@@ -205,7 +206,9 @@ def read_node(
         "sysfs_root": root,
         "env": matching_env(env_patterns),
         # readiness (workloads.readiness_probe): fabric manager, peermem, ACS, remaps, AER, ...
-        "readiness": read_readiness(sysfs_root=root, proc_root=proc, smi=smi),
+        "readiness": read_readiness(
+            sysfs_root=root, proc_root=proc, smi=smi, fm_log=(fm_log or FM_LOG).replace("{host}", host)
+        ),
     }
     if gpu.get("gpus") or gpu.get("text"):
         facts.update(_torch_view())
@@ -220,4 +223,5 @@ def probe(ctx: RankContext) -> dict[str, Any]:
         env_patterns=tuple(options.get("env_patterns") or ()),
         sysfs_root=options.get("sysfs_root"),
         proc_root=options.get("proc_root"),
+        fm_log=options.get("fm_log"),
     )

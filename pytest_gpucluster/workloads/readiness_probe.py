@@ -37,12 +37,11 @@ from typing import Any
 
 from pytest_gpucluster.workloads._xid import kernel_log
 
-__all__ = ["read_readiness"]
+__all__ = ["FM_LOG", "read_readiness"]
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 FM_LOG = "/var/log/fabricmanager.log"
-FM_LOG_ENV = "GPUCLUSTER_FM_LOG"
-"""Where Fabric Manager's log is read (its ``LOG_FILE_NAME``; a recorded file in the test bed)."""
+"""Fabric Manager's default ``LOG_FILE_NAME`` (``GPUCLUSTER_FM_LOG`` on the controller points elsewhere)."""
 TAIL_LINES = 400
 NVIDIA = "0x10de"
 _RDMA_VENDORS = ("0x15b3",)  # Mellanox/NVIDIA networking
@@ -80,12 +79,12 @@ def _tail(path: str, lines: int = TAIL_LINES) -> dict[str, Any]:
     return {"text": "\n".join(text.splitlines()[-lines:]), "source": path}
 
 
-def _fabric_manager(run: Runner) -> dict[str, Any]:
+def _fabric_manager(run: Runner, log: str) -> dict[str, Any]:
     service = _run(["systemctl", "is-active", "nvidia-fabricmanager"], run, timeout=20)
     if "returncode" in service:
         service = {"state": (service["text"] or "").strip().splitlines()[-1:] or ["unknown"]} | service
         service["state"] = service["state"][0]
-    return {"service": service, "log": _tail(os.environ.get(FM_LOG_ENV) or FM_LOG)}
+    return {"service": service, "log": _tail(log)}
 
 
 def _sxid_lines() -> dict[str, Any]:
@@ -164,6 +163,7 @@ def read_readiness(
     sysfs_root: str = "/sys",
     proc_root: str = "/proc",
     smi: str = "nvidia-smi",
+    fm_log: str = FM_LOG,
     run: Runner = subprocess.run,
 ) -> dict[str, Any]:
     """Everything the readiness checks read on this node (see the module docstring)."""
@@ -171,7 +171,7 @@ def read_readiness(
     smi_q = _run([smi, "-q"], run) if shutil.which(smi) else {"why": f"'{smi}' is not on PATH"}
     return {
         "smi_q": smi_q,
-        "fabric_manager": _fabric_manager(run),
+        "fabric_manager": _fabric_manager(run, fm_log),
         "kernel_log": _sxid_lines(),
         "modules": {
             "nvidia_peermem": (sysfs / "module" / "nvidia_peermem").is_dir(),
