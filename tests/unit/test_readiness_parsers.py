@@ -81,7 +81,7 @@ def test_a_cut_output_keeps_the_blocks_it_has():
 
 
 def test_text_without_a_gpu_block_is_refused_with_what_was_expected():
-    with pytest.raises(ParseError, match="no 'GPU <bus id>' block.*nvidia-smi -q"):
+    with pytest.raises(ParseError, match=r"no 'GPU <bus id>' block.*nvidia-smi -q"):
         parse_gpu_readiness("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n")
 
 
