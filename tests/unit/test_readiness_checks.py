@@ -196,3 +196,60 @@ def test_profiles_check_refuses_fabric_manager_on_a_part_without_nvswitch():
     report = check_profile(broken)
     assert any("no NVSwitch for Fabric Manager to configure" in e.message for e in report.errors)
     assert any("names no ib, roce or efa" in w.message for w in report.warnings)
+
+
+H200_VM = DATA / "readiness" / "h200_vm_2026_11_28"
+
+
+def _captured(name: str) -> tuple[str, int]:
+    """A file of benchmarks/gpu_capture_readiness.sh: ``$ command``, the output, ``[exit N]``."""
+    lines = (H200_VM / name).read_text().splitlines()
+    return "\n".join(lines[1:-1]) + "\n", int(lines[-1].strip("[]").split()[-1])
+
+
+def test_the_real_h200_vm_is_ready_for_its_part_profile_and_names_what_a_site_profile_cannot_read():
+    """The lead's GPU machine of 2026-11-28 (one H200 passed through to a VM, no NVSwitch, no
+    systemctl or lspci in the image): Fabric State N/A, persistence on, no remap pending."""
+    smi, _ = _captured("smi-q.txt")
+    limits, _ = _captured("limits.txt")
+    version, _ = _captured("driver-version.txt")
+    [gpu] = node_readiness({"smi_q": {"returncode": 0, "text": smi}}).gpus
+    assert (gpu.fabric_state, gpu.cluster_uuid, gpu.persistence, gpu.remap_pending) == (
+        None,
+        None,
+        True,
+        False,
+    )
+    remapper, _ = _captured("smi-row-remapper.txt")
+    [only] = node_readiness({"smi_q": {"returncode": 0, "text": remapper}}).gpus
+    assert (only.bus_id, only.remap_pending, only.remap_failure) == ("00000000:00:06.0", False, False)
+    record = {
+        "smi_q": {"returncode": 0, "text": smi},
+        "fabric_manager": {"service": {"why": "'systemctl' is not on PATH"},
+                           "log": {"why": "/var/log/fabricmanager.log: No such file or directory"}},
+        "kernel_log": {"source": "dmesg", "lines": []},
+        "modules": {"nvidia_peermem": False, "nvidia": True, "driver_version": version.strip(), "kernel": "6.1.0"},
+        "memlock": {"limits": limits},
+        "iommu": {"group_types": {}, "groups": 0, "cmdline": _captured("cmdline.txt")[0]},
+        "pci": {"devices": [{"bdf": "0000:00:06.0", "kind": "gpu", "current_link_speed": "32.0 GT/s PCIe",
+                             "max_link_speed": "32.0 GT/s PCIe", "current_link_width": "16", "max_link_width": "16"}]},
+        "lspci": {"why": "'lspci' is not on PATH"},
+        "dstate": {"stuck": {}},
+    }  # fmt: skip
+    ready = node_readiness(record)
+    assert (ready.memlock, ready.iommu, ready.nvswitches, ready.open_module, ready.dmabuf) == (
+        -1,
+        "off",
+        0,
+        True,
+        True,
+    )
+    cluster = ClusterFacts((NodeFacts(host="h200-vm", readiness=ready),), "test")
+    part = readiness_checks(cluster, load_profile("h200-sxm").model)
+    assert part and not _failed(part)
+    assert {c.metric: c.verdict for c in part if c.threshold is None} == {
+        "readiness.fabric_manager": "info", "readiness.sxid_fatal": "info"
+    }  # fmt: skip
+    site = _failed(readiness_checks(cluster, load_profile("h200-spectrumx").model))
+    assert [(c.metric, c.problem) for c in site] == [("readiness.acs", "not measured")]
+    assert "'lspci' is not on PATH" in site[0].hint
