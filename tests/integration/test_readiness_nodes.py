@@ -64,7 +64,7 @@ def _run(tmp_path: Path, fault: str | None, *args: str) -> tuple[subprocess.Comp
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "acceptance/test_inventory.py", "--hw=dgx-h100-ib", *args,
          f"--results-dir={results}", f"--confcutdir={REPO / 'acceptance'}", "-p", "cuda_torch_standin", "-p", "no:cacheprovider", "-p", "no:xdist",
-         "-q", "-s", "-p", "no:randomly"],
+         "-q", "-s", "-p", "no:hypothesispytest", "-p", "no:benchmark", "-p", "no:anyio"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     return done, results
@@ -91,6 +91,7 @@ def test_each_unready_node_is_named_with_its_fix_by_the_dry_run_and_by_the_inven
     said, metric, reason, action, fix = CASES[fault]
     assert any(said in line and fix in line for line in warnings), "\n".join(warnings) or out[-3000:]
     assert real.returncode == 1 and "1 failed" in text, text[-4000:]
+    assert f"gpucluster preflight: WARNING {said}" in text, text[-4000:]  # the real run's preflight too
     assert said in text and fix in text, text[-4000:]
     found = [f for f in data["findings"] if f["metric"] == metric]
     assert found and all(f["host"] == HOST for f in found), data["findings"]
