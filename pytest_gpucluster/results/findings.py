@@ -58,9 +58,8 @@ from typing import Any, Literal
 
 from pytest_gpucluster.burnin.drain import Suspect
 from pytest_gpucluster.checks.readiness import REMEDIES, cause_of, readiness_causes
-from pytest_gpucluster.results.model import Measurement, TestOutcome
+from pytest_gpucluster.results.model import PREFLIGHT_TEST_ID, Measurement, TestOutcome
 from pytest_gpucluster.results.text import failure_message, format_value
-from pytest_gpucluster.session_preflight import PREFLIGHT_TEST_ID
 
 __all__ = [
     "ACTIONS",
