@@ -28,8 +28,10 @@ __all__ = [
 ]  # fmt: skip
 
 PREFIX = "readiness."
-NVLINK_SYMPTOMS = ("nvlink.", "collectives.", "nccl.", "burnin.p2p", "numerics.")
-GDR_SYMPTOMS = ("collectives.", "nccl.", "fabric.", "burnin.pair_", "burnin.soak.")
+NVLINK_SYMPTOMS = ("nvlink.", "collectives.", "nccl.nvls", "nccl.p2p", "burnin.p2p")
+"""Failed values an NVLink fabric problem explains: NVLink checks, busbw, NCCL's NVLS/P2P transports."""
+GDR_SYMPTOMS = ("collectives.", "nccl.gdr", "nccl.network", "fabric.", "burnin.pair_", "burnin.soak.")
+"""Failed values a GPUDirect RDMA problem explains: busbw, NCCL's GDR and network, fabric, pairs, soak."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -253,3 +253,19 @@ def test_the_real_h200_vm_is_ready_for_its_part_profile_and_names_what_a_site_pr
     site = _failed(readiness_checks(cluster, load_profile("h200-spectrumx").model))
     assert [(c.metric, c.problem) for c in site] == [("readiness.acs", "not measured")]
     assert "'lspci' is not on PATH" in site[0].hint
+
+
+def test_an_nvlink_miss_on_a_node_without_fabric_manager_names_it_and_a_version_miss_does_not(dgx):
+    waiting = H100_Q.replace("Completed", "In Progress").replace("Success", "N/A")
+    service = {"returncode": 3, "text": "inactive\n", "state": "inactive"}
+    cluster = facts(smi_q={"returncode": 0, "text": waiting}, fabric_manager={"service": service, "log": {}})
+    ready = _measured(readiness_checks(cluster, dgx), "acceptance/test_inventory.py::test_node_readiness")
+    links = Check("nvlink.links_up", 0, "links", 18, ">=", ThresholdRef("dgx-h100-ib", ("nvlink", "links_per_gpu")),
+                  labels={"host": HOST, "gpu": "0"})  # fmt: skip
+    version = Check("nccl.version", 0, "bool", 1, "==", labels={"host": HOST})
+    found = {f.metric: f for f in findings_of([*ready, *_measured([links, version], "t")], hosts=[HOST])}
+    assert found["nvlink.links_up"].cause.startswith(
+        f"NVLink fabric not configured on {HOST}: 0 of 2 GPUs joined"
+    )
+    assert "start nvidia-fabricmanager" in found["nvlink.links_up"].cause
+    assert found["nccl.version"].cause is None
