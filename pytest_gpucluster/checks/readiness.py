@@ -200,7 +200,11 @@ def _gdr(node: NodeFacts, r: NodeReadiness, p: ProfileModel) -> list[Check]:
     if r.peermem is None:
         return [
             _unmeasured(
-                "readiness.gpudirect_rdma", p, "gpudirect_rdma", node.host, "/sys/module not readable"
+                "readiness.gpudirect_rdma",
+                p,
+                "gpudirect_rdma",
+                node.host,
+                r.why.get("peermem", "/sys/module not read"),
             )
         ]
     ok = bool(r.peermem or r.dmabuf)
@@ -251,7 +255,11 @@ def _iommu(node: NodeFacts, r: NodeReadiness, p: ProfileModel) -> list[Check]:
     if r.iommu is None:
         return [
             _unmeasured(
-                "readiness.iommu", p, "iommu_passthrough", node.host, "/sys/kernel/iommu_groups not read"
+                "readiness.iommu",
+                p,
+                "iommu_passthrough",
+                node.host,
+                "<sysfs>/kernel/iommu_groups is not readable",
             )
         ]
     return [
@@ -270,11 +278,12 @@ def _per_gpu(node: NodeFacts, r: NodeReadiness, p: ProfileModel) -> list[Check]:
     if all(w is None for w in wanted):
         return []
     if not r.gpus:
-        return [_unmeasured("readiness.row_remap_pending", p, key, node.host, r.why.get("gpus", "no GPU listed"))
-                for key, value in (("max_pending_row_remaps", cfg.max_pending_row_remaps),
-                                   ("max_row_remap_failures", cfg.max_row_remap_failures),
-                                   ("max_retired_pages", cfg.max_retired_pages),
-                                   ("persistence_mode", cfg.persistence_mode)) if value is not None]  # fmt: skip
+        return [_unmeasured(metric, p, key, node.host, r.why.get("gpus", "no GPU listed"))
+                for metric, key, value in (
+                    ("readiness.row_remap_pending", "max_pending_row_remaps", cfg.max_pending_row_remaps),
+                    ("readiness.row_remap_failure", "max_row_remap_failures", cfg.max_row_remap_failures),
+                    ("readiness.retired_pages", "max_retired_pages", cfg.max_retired_pages),
+                    ("readiness.persistence_mode", "persistence_mode", cfg.persistence_mode)) if value is not None]  # fmt: skip
     out = []
     for gpu in r.gpus:
         label = _gpu_label(gpu.index, gpu.bus_id)

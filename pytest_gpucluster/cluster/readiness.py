@@ -211,7 +211,7 @@ def _acs(raw: Mapping[str, Any], why: dict[str, str]) -> tuple[str, ...]:
 
 def _iommu(raw: Mapping[str, Any]) -> str | None:
     reading = raw.get("iommu") or {}
-    if not reading:
+    if not reading or reading.get("why") or reading.get("present") is False:
         return None
     types = {str(k).lower() for k in (reading.get("group_types") or {})}
     if any(t.startswith("dma") for t in types):
@@ -234,6 +234,8 @@ def node_readiness(raw: Mapping[str, Any]) -> NodeReadiness:
     else:
         sxids += parse_sxid_lines("\n".join(kernel_log.get("lines") or ()))
     modules = raw.get("modules") or {}
+    if modules.get("why"):
+        why["peermem"] = str(modules["why"])
     version = modules.get("driver_version")
     memlock: int | None = None
     limits = (raw.get("memlock") or {}).get("limits")
@@ -242,7 +244,7 @@ def node_readiness(raw: Mapping[str, Any]) -> NodeReadiness:
     except ParseError as exc:
         why["memlock"] = str(exc)
     if limits is None:
-        why["memlock"] = "/proc/self/limits could not be read"
+        why["memlock"] = "<proc>/self/limits could not be read"
     dstate = raw.get("dstate") or {"why": "not read"}
     if dstate.get("why"):
         why["stuck"] = str(dstate["why"])

@@ -129,7 +129,12 @@ def _iommu(sysfs: Path, proc: Path) -> dict[str, Any]:
         kind = _read(group / "type")
         if kind:
             types[kind] = types.get(kind, 0) + 1
-    return {"group_types": types, "groups": len(groups), "cmdline": _read(proc / "cmdline")}
+    return {
+        "group_types": types,
+        "groups": len(groups),
+        "present": root.is_dir(),
+        "cmdline": _read(proc / "cmdline"),
+    }
 
 
 _STAT = re.compile(r"^\d+ \((?P<comm>.*)\) (?P<state>\S)")
@@ -149,13 +154,25 @@ def _dstate_once(proc: Path) -> dict[str, str]:
 
 
 def _dstate(proc: Path, pause_s: float = 0.2) -> dict[str, Any]:
-    if not (proc / "self").exists() and not any(p.name.isdigit() for p in proc.iterdir()):
+    try:
+        table = any(p.name.isdigit() for p in proc.iterdir())
+    except OSError as exc:
+        return {"why": f"{proc}: {exc.strerror or type(exc).__name__}"}
+    if not table:
         return {"why": f"{proc}: no process table"}
     first = _dstate_once(proc)
     if first:
         time.sleep(pause_s)
     second = _dstate_once(proc)
     return {"stuck": {pid: comm for pid, comm in second.items() if pid in first}}
+
+
+def _guarded(name: str, read: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """One reading; an unexpected error becomes its ``why`` (the probe of a node never dies of it)."""
+    try:
+        return read()
+    except Exception as exc:  # a reading that breaks is reported, never silently healthy
+        return {"why": f"reading {name} failed: {type(exc).__name__}: {exc}"}
 
 
 def read_readiness(
@@ -168,22 +185,27 @@ def read_readiness(
 ) -> dict[str, Any]:
     """Everything the readiness checks read on this node (see the module docstring)."""
     sysfs, proc = Path(sysfs_root), Path(proc_root)
-    smi_q = _run([smi, "-q"], run) if shutil.which(smi) else {"why": f"'{smi}' is not on PATH"}
-    return {
-        "smi_q": smi_q,
-        "fabric_manager": _fabric_manager(run, fm_log),
-        "kernel_log": _sxid_lines(),
-        "modules": {
+
+    def modules() -> dict[str, Any]:
+        if not (sysfs / "module").is_dir():  # no sysfs to read: unknown, never "not loaded"
+            return {"why": f"{sysfs / 'module'} is not readable"}
+        return {
             "nvidia_peermem": (sysfs / "module" / "nvidia_peermem").is_dir(),
             "nvidia": (sysfs / "module" / "nvidia").is_dir(),
             "driver_version": _read(proc / "driver" / "nvidia" / "version"),
             "kernel": os.uname().release
             if proc_root == "/proc"
             else _read(proc / "sys" / "kernel" / "osrelease"),
-        },
-        "memlock": {"limits": _read(proc / "self" / "limits")},
-        "iommu": _iommu(sysfs, proc),
-        "pci": _pci(sysfs),
-        "lspci": _run(["lspci", "-vvv"], run),
-        "dstate": _dstate(proc),
+        }
+
+    return {
+        "smi_q": _guarded("nvidia-smi -q", lambda: _run([smi, "-q"], run)),
+        "fabric_manager": _guarded("fabric manager", lambda: _fabric_manager(run, fm_log)),
+        "kernel_log": _guarded("the kernel log", _sxid_lines),
+        "modules": _guarded("modules", modules),
+        "memlock": _guarded("limits", lambda: {"limits": _read(proc / "self" / "limits")}),
+        "iommu": _guarded("iommu", lambda: _iommu(sysfs, proc)),
+        "pci": _guarded("pci", lambda: _pci(sysfs)),
+        "lspci": _guarded("lspci", lambda: _run(["lspci", "-vvv"], run)),
+        "dstate": _guarded("process states", lambda: _dstate(proc)),
     }
