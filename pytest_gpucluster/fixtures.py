@@ -175,8 +175,13 @@ def nccl_env(gpucluster_session: GpuClusterSession) -> dict[str, str]:
 @pytest.fixture
 def results(gpucluster_session: GpuClusterSession, request: pytest.FixtureRequest) -> Recorder:
     """The recorder: ``results.check(metric, value, threshold, unit=..., scope=..., labels=...)``."""
-    gpucluster_session.recorder.current_test = request.node.nodeid
-    return gpucluster_session.recorder
+    recorder = gpucluster_session.recorder
+    recorder.current_test = request.node.nodeid
+    if recorder.explain is None and (facts := gpucluster_session.node_facts) is not None:
+        from pytest_gpucluster.checks.readiness import explainer  # a symptom names its readiness cause
+
+        recorder.explain = explainer(facts, gpucluster_session.profile.model)
+    return recorder
 
 
 @pytest.fixture

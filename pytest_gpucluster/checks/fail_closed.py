@@ -112,6 +112,7 @@ def _nccl(_model: ProfileModel, path: KeyPath) -> tuple[Owner, ...]:
 _GPU_HEALTH = _fixed(Owner("test_burnin.py", "test_gpu_health"))
 _CPU_HEALTH = _fixed(Owner("test_burnin.py", "test_rank_health_cpu"))
 _SPEEDUP = _fixed(Owner("test_nvlink.py", "test_speedup"))
+_READINESS = _fixed(Owner("test_inventory.py", "test_node_readiness"))
 
 OWNERS: dict[str, _Owners] = {
     "collectives.checks[].min_busbw": _collective,
@@ -147,6 +148,24 @@ OWNERS: dict[str, _Owners] = {
     "fabric.max_retransmits_per_gb": _fixed(Owner("test_fabric.py", "test_fabric_after")),
     "fabric.max_drop_increase": _fixed(Owner("test_fabric.py", "test_fabric_after")),
     "numerics.min_flops": _fixed(Owner("test_numerics.py", "test_numerics_throughput")),
+    **{
+        f"readiness.{key}": _READINESS
+        for key in (
+            "fabric_manager",
+            "max_sxid_fatal",
+            "gpudirect_rdma",
+            "min_memlock",
+            "acs_disabled",
+            "iommu_passthrough",
+            "max_pending_row_remaps",
+            "max_row_remap_failures",
+            "max_retired_pages",
+            "persistence_mode",
+            "max_stuck_processes",
+            "max_aer_fatal",
+            "pcie_full_width",
+        )
+    },
 }
 """Each threshold key of the schema (list indices written ``[]``) and the tests that judge it. A
 schema key named ``min_*``/``max_*`` is either here or in :data:`NOT_THRESHOLDS` (a unit test keeps
@@ -161,6 +180,14 @@ NOT_THRESHOLDS = frozenset(
     }
 )
 """``min_*``/``max_*`` keys of the schema that are settings, not thresholds."""
+
+REQUIREMENTS = frozenset(
+    f"readiness.{key}"
+    for key in ("fabric_manager", "gpudirect_rdma", "acs_disabled", "iommu_passthrough", "persistence_mode",
+                "pcie_full_width")
+)  # fmt: skip
+"""Thresholds that are requirements (``true`` asks for it, ``false`` or unset does not), not
+``min_*``/``max_*`` numbers: listed so the schema test keeps :data:`OWNERS` whole."""
 
 ONLY_WHERE_WRITTEN = frozenset({"fabric.max_retransmits_per_gb"})
 """Thresholds whose default applies only where the hardware has the counters (retransmit counters
@@ -234,6 +261,8 @@ def profile_thresholds(model: ProfileModel) -> list[ProfileThreshold]:
             continue
         if _pattern(path) in ONLY_WHERE_WRITTEN and not _written(model, path):
             continue
+        if path[0] == "readiness" and value is False:
+            continue  # a readiness requirement switched off: nothing to judge
         name = str(path[-1])
         comparison = "<=" if name.startswith("max_") else ">="
         out.append(

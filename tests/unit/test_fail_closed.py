@@ -9,7 +9,14 @@ import typing
 import pydantic
 import pytest
 
-from pytest_gpucluster.checks.fail_closed import NOT_THRESHOLDS, OWNERS, Owner, coverage, profile_thresholds
+from pytest_gpucluster.checks.fail_closed import (
+    NOT_THRESHOLDS,
+    OWNERS,
+    REQUIREMENTS,
+    Owner,
+    coverage,
+    profile_thresholds,
+)
 from pytest_gpucluster.profiles.loader import load_profile
 from pytest_gpucluster.profiles.schema import ProfileModel
 from pytest_gpucluster.results.model import Check, Measurement, ThresholdRef
@@ -47,7 +54,7 @@ def test_every_min_or_max_key_of_the_schema_is_a_threshold_with_owners_or_named_
         if k.rsplit(".", 1)[-1].startswith(("min_", "max_")) or "_min_" in k
     ]
     named = [k for k in named if not k.startswith("nccl.")]  # nccl: expectations, listed by expectations_of
-    assert named and sorted(set(named) - NOT_THRESHOLDS) == sorted(OWNERS)
+    assert named and sorted((set(named) - NOT_THRESHOLDS) | REQUIREMENTS) == sorted(OWNERS)
 
 
 def test_the_shipped_cpu_profile_thresholds_and_who_judges_them():
