@@ -4,7 +4,9 @@ explains them stays a node, and hosts the fabric does not know leave the join ou
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from pytest_gpucluster.burnin.pairwise import Pair, PairResult, localize
 from pytest_gpucluster.checks.burnin.fabric_path import fabric_path, outcomes_of
@@ -53,3 +55,34 @@ def test_one_slow_node_stays_a_node_and_unknown_hosts_leave_the_join_out() -> No
     found = localize(others, runner(lambda a, b: "cpu-node-005" in (a, b)), tolerance=0.25)
     assert fabric_path(MODEL, found) is None
     assert fabric_path(MODEL, localize(HOSTS, runner(lambda a, b: False), tolerance=0.25)) is None
+
+
+def test_the_report_lists_the_element_before_the_nodes(tmp_path: Path) -> None:
+    """The checks as test_pairwise_localization records them (the element first, the nodes' count
+    after it, no suspects drained): the sign-off report's findings name the leaf with its action."""
+    from pytest_gpucluster.checks.burnin.peers import pairwise_checks
+    from pytest_gpucluster.cli import main
+
+    under = {"gpu-node-005", "gpu-node-006"}
+    found = localize(HOSTS, runner(lambda a, b: bool(under & {a, b})), tolerance=0.25)
+    path = fabric_path(MODEL, found)
+    assert path is not None
+    checks = [path.check, *pairwise_checks(found, 6)]
+    run = json.loads((Path(__file__).parents[1] / "data" / "results" / "cpu_local_run.json").read_text())
+    run["measurements"] = [
+        Measurement.of(c, test_id="acceptance/test_burnin.py::test_pairwise_localization", time=0.0).to_json()
+        for c in checks
+    ]
+    (tmp_path / "results.json").write_text(json.dumps(run))
+    assert main(["report", str(tmp_path / "results.json"), "--out", str(tmp_path)]) == 0
+    report = (tmp_path / "report.md").read_text()
+    lines = report.splitlines()
+    # the summary's cluster row: the element first, the nodes' count after it
+    summary = next(line for line in lines if line.startswith("| cluster |") and "fabric.ib.path" in line)
+    assert summary.index("leaf leaf-r0-03: fabric.ib.path") < summary.index("burnin.pairwise_suspects")
+    # the findings table: the leaf, the cable rung, and what to check
+    finding = next(line for line in lines if line.startswith("| leaf leaf-r0-03 | fabric.ib.path"))
+    assert (
+        "| hardware | reseat/replace cable or NIC |" in finding
+        and "-> check leaf-r0-03 (the switch" in finding
+    )
