@@ -16,6 +16,7 @@ netns run with a real ibsim scan, not a whole acceptance run (that would cost a 
 from __future__ import annotations
 
 import shlex
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,12 +59,14 @@ def test_slow_pairs_under_one_leaf_are_named_as_the_leaf(
     bed: NetnsTestbed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     names = list(bed.names)
+    start = time.monotonic()
     spec = TopologySpec(nodes=4, rails=1, nodes_per_leaf=2, spines=2, speed=4, hosts=tuple(names))
     with IbSim(generate(spec).text(), tmp_path / "ibsim") as sim:
         monkeypatch.setenv(TOOL_PREFIX_ENV, shlex.join(sim.prefix))
         said: list[str] = []
         model = suite_reading(said.append)
     assert model is not None, said
+    scanned = time.monotonic() - start
     assert {n.host for n in model.nodes.values() if n.kind == "ca"} == set(names)
 
     options: dict = {}
@@ -79,6 +82,9 @@ def test_slow_pairs_under_one_leaf_are_named_as_the_leaf(
     )
     runner = ClusterPairRunner(cluster, timeout_s=120, **PAIR_OPTIONS, options=options)
     found = localize(names, runner, tolerance=TOLERANCE)
+    print(
+        f"ibsim up and scanned in {scanned:.1f} s; {runner.jobs} pair jobs in {time.monotonic() - start - scanned:.1f} s"
+    )
     print(f"{names[2]} and {names[3]} under leaf-r0-02: {how}")
     print("\n".join(found.lines()))
 
