@@ -86,3 +86,14 @@ def test_the_report_lists_the_element_before_the_nodes(tmp_path: Path) -> None:
         "| hardware | reseat/replace cable or NIC |" in finding
         and "-> check leaf-r0-03 (the switch" in finding
     )
+
+
+def test_a_generated_fabric_takes_the_hosts_names() -> None:
+    import pytest
+
+    topology = generate(TopologySpec(nodes=2, rails=2, hosts=("ns-a", "ns-b")))
+    assert topology.hcas == ("ns-a mlx5_0", "ns-a mlx5_1", "ns-b mlx5_0", "ns-b mlx5_1")
+    assert topology.hca_port(1, 1) == ("leaf-r1-01", 2)
+    for hosts in (("ns-a",), ("ns a", "ns-b")):
+        with pytest.raises(ValueError, match="hosts must name each of the 2 nodes once"):
+            TopologySpec(nodes=2, hosts=hosts)
