@@ -38,9 +38,10 @@ from pytest_gpucluster.burnin.pairwise import localize
 from pytest_gpucluster.burnin.runner import ClusterPairRunner
 from pytest_gpucluster.burnin.stragglers import Sample, find_stragglers, sweep_samples, worst_per_host
 from pytest_gpucluster.checks.burnin import health, peers
+from pytest_gpucluster.checks.burnin.fabric_path import fabric_path
 from pytest_gpucluster.checks.ceilings import broken_above, memory_ceiling
 from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning
-from pytest_gpucluster.fixtures import job_part, run_with_deadline
+from pytest_gpucluster.fixtures import FABRIC_MODEL, job_part, run_with_deadline
 from pytest_gpucluster.harness import Part, PartRun
 from pytest_gpucluster.inputs import read_texts
 from pytest_gpucluster.launch.xid_step import hold_listener
@@ -272,11 +273,15 @@ def _pairwise_plan(session: Any, params: Any) -> list[Any]:
 @pytest.mark.gpucluster(needs=["multi-node"])
 @launches(_pairwise_plan)
 def test_pairwise_localization(
-    cluster: Any, gpucluster_session: Any, hw: Any, health_job: PartRun, judge: Any
+    cluster: Any, gpucluster_session: Any, hw: Any, health_job: PartRun, judge: Any, request: Any
 ) -> None:
     """Disjoint node pairs, then each node of a failing pair against a known-good node: the slow node
     or link is named in two rounds (about n/2 + 2 pair jobs, not n^2). A node slow on its own in the
-    health job (test_intra_node_stragglers) is kept out: it would only make its partner look bad."""
+    health job (test_intra_node_stragglers) is kept out: it would only make its partner look bad.
+    Where the run's fabric before-scan reached the InfiniBand fabric (acceptance/test_fabric.py),
+    slow pairs that all cross one leaf's uplinks, one leaf, one rail or the only spine between their
+    leaves are a ``fabric.ib.path`` finding naming that element and what to check, ahead of the
+    nodes, which are then not drained (``checks/burnin/fabric_path.py``)."""
     b, write = hw.burnin, gpucluster_session.progress or print
     alone = peers.slow_alone(health.intra_node_samples(health_job.values), b.straggler_tolerance)
     nodes = [n for n in cluster.spec.host_names[: gpucluster_session.available_nodes] if n not in alone]
@@ -289,4 +294,10 @@ def test_pairwise_localization(
     found = localize(nodes, runner, tolerance=b.straggler_tolerance, floor=b.pair_min_busbw)
     for line in found.lines():
         write(line)
-    judge(peers.pairwise_checks(found, runner.jobs, sorted(alone)), found.suspects)
+    checks, suspects = peers.pairwise_checks(found, runner.jobs, sorted(alone)), list(found.suspects)
+    model = request.config.stash.get(FABRIC_MODEL, None)
+    path = fabric_path(model, found) if model is not None and not found.ok else None
+    if path is not None and path.is_fabric:  # the element first; its nodes are not drained
+        write(path.line())
+        checks, suspects = [path.check, *checks], []
+    judge(checks, suspects)

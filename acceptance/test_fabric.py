@@ -38,7 +38,7 @@ from pytest_gpucluster.checks import fabric
 from pytest_gpucluster.checks.burnin import dcgm, soak
 from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning, ParseError
 from pytest_gpucluster.fabric_scan import suite_checks, suite_reading
-from pytest_gpucluster.fixtures import run_with_deadline
+from pytest_gpucluster.fixtures import FABRIC_MODEL, run_with_deadline
 from pytest_gpucluster.parsers.fabric_ports import FabricSnapshot, parse_snapshot
 from pytest_gpucluster.plans import burnin as plans
 from pytest_gpucluster.plans import soak as soak_plan
@@ -48,8 +48,9 @@ from pytest_gpucluster.session.plan import launches
 pytestmark = pytest.mark.burnin
 FABRIC_BEFORE = pytest.StashKey[list[FabricSnapshot]]()
 """test_fabric_before's reading, for test_fabric_after (same process: same xdist worker)."""
-IB_FABRIC_BEFORE = pytest.StashKey[Any]()
-"""The fabric-wide scan before the run (`fabric_scan.suite_reading`), where the controller reaches it."""
+IB_FABRIC_BEFORE = FABRIC_MODEL
+"""The fabric-wide scan before the run (`fabric_scan.suite_reading`), where the controller reaches it;
+the pairwise burn-in joins its slow pairs with it (acceptance/test_burnin.py)."""
 
 
 def _read_fabric(cluster: Any, session: Any, when: str) -> list[FabricSnapshot]:

@@ -250,6 +250,12 @@ def rerun_part(shared_jobs: SharedJobs, request: pytest.FixtureRequest) -> Calla
 JOB_FAILURE = pytest.StashKey[JobFailed]()
 """The failed job of a test's `job_part` fixture, raised again when the test is called (plugin.py)."""
 
+FABRIC_MODEL = pytest.StashKey[Any]()
+"""The InfiniBand fabric model of the run's before-scan (`fabric_scan.suite_reading`: a
+``FabricModel``, or None where the controller does not reach the fabric); set by
+acceptance/test_fabric.py's test_fabric_before, read by its after-scan and by the pairwise burn-in,
+which names the fabric element its slow pairs all cross (``checks/burnin/fabric_path.py``)."""
+
 
 def job_part(planner: Planner) -> Any:
     """Declare a fixture that runs one part of the session's shared jobs::
