@@ -104,7 +104,9 @@ def test_the_wheel_registers_the_plugin_and_the_command(wheel: Path) -> None:
         meta = email.parser.Parser().parsestr(z.read(metadata).decode())
     assert "[pytest11]\ngpucluster = pytest_gpucluster.plugin" in text
     assert "gpucluster = pytest_gpucluster.cli:main" in text
-    assert meta["Name"] == "pytest-gpucluster" and any(r.startswith("torch") for r in meta.get_all("Requires-Dist"))
+    assert meta["Name"] == "pytest-gpucluster" and any(
+        r.startswith("torch") for r in meta.get_all("Requires-Dist")
+    )
 
 
 # ----------------------------------------------------------------------------- installed, no checkout
@@ -123,7 +125,9 @@ def _say(line: str) -> None:
     reason=f"a fresh venv with torch, DeepSpeed and transformers (~1.2 GB) and a whole suite run take "
     f"minutes: set {SLOW_ENV}=1",
 )
-def test_an_installed_wheel_runs_the_suite_and_signs_fit_with_no_checkout(wheel: Path, tmp_path: Path) -> None:
+def test_an_installed_wheel_runs_the_suite_and_signs_fit_with_no_checkout(
+    wheel: Path, tmp_path: Path
+) -> None:
     t0 = time.monotonic()
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True, system_site_packages=False).create(env_dir)
@@ -172,7 +176,9 @@ def test_an_installed_wheel_runs_the_suite_and_signs_fit_with_no_checkout(wheel:
         [str(env_dir / "bin" / "gpucluster"), "health-check", "--results-dir", str(health_results)],
         cwd=elsewhere, env=_env(), capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
-    _say(f"gpucluster health-check: exit {check.returncode} in {time.monotonic() - t2:.0f} s: {check.stdout.strip()}")
+    _say(
+        f"gpucluster health-check: exit {check.returncode} in {time.monotonic() - t2:.0f} s: {check.stdout.strip()}"
+    )
     assert check.returncode == 0 and "quick tier passed" in check.stdout, check.stdout + check.stderr[-4000:]
     health_ids = [o["test_id"] for o in json.loads((health_results / "results.json").read_text())["outcomes"]]
     assert health_ids and all(i.startswith("acceptance/test_") for i in health_ids), health_ids
