@@ -40,8 +40,9 @@ SESSION_ENV = ("PYTHONPATH", "GPUCLUSTER_HW", "GPUCLUSTER_HOSTFILE", "GPUCLUSTER
 checkout's package instead of the wheel's)."""
 
 
-def build_wheel(dest: Path) -> Path:
-    """The wheel of this checkout, built from a copy of its sources into ``dest``."""
+def build_wheel(dest: Path, *, only_copy: bool = False) -> Path:
+    """The wheel of this checkout, built from a copy of its sources (``dest/src``) into ``dest/dist``
+    (``only_copy``: the copy alone, and its path)."""
     src = dest / "src"
     for name in SOURCES:
         if (ROOT / name).is_dir():
@@ -49,6 +50,8 @@ def build_wheel(dest: Path) -> Path:
         else:
             src.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, src / name)
+    if only_copy:
+        return src
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
          "--disable-pip-version-check", "-w", str(dest / "dist"), str(src)],
@@ -107,6 +110,47 @@ def test_the_wheel_registers_the_plugin_and_the_command(wheel: Path) -> None:
     assert meta["Name"] == "pytest-gpucluster" and any(
         r.startswith("torch") for r in meta.get_all("Requires-Dist")
     )
+
+
+EDITABLE_PROBE = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("copy_finder", sys.argv[1])  # not the machine's own finder
+finder = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(finder)
+sys.meta_path.insert(0, finder._EditableFinder)
+import pytest
+from pytest_gpucluster import health_check
+print(importlib.util.find_spec("pytest_gpucluster.acceptance").origin)
+print(health_check.default_suite())
+sys.exit(pytest.main(["--pyargs", "pytest_gpucluster.acceptance", "--co", "-q", "-p", "no:cacheprovider"]))
+"""
+
+
+def test_an_editable_install_maps_the_suite_to_the_checkout_s_acceptance(tmp_path: Path) -> None:
+    """``pip install -e .`` (setuptools' PEP 660 finder) maps ``pytest_gpucluster.acceptance`` to the
+    checkout's ``acceptance/``: ``--pyargs`` collects the checkout's files and the health check runs
+    them. Built with setuptools' own editable hook and its finder loaded in a subprocess, not
+    installed: this machine's editable install stays as it is."""
+    src = tmp_path / "src"
+    build_wheel(tmp_path, only_copy=True)
+    built = subprocess.run(
+        [sys.executable, "-c", f"from setuptools import build_meta; print(build_meta.build_editable({str(tmp_path)!r}))"],
+        cwd=src, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    with zipfile.ZipFile(tmp_path / built.stdout.strip().splitlines()[-1]) as z:
+        (name,) = [n for n in z.namelist() if n.endswith("_finder.py")]
+        z.extract(name, tmp_path / "finder")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    probe = subprocess.run(
+        [sys.executable, "-c", EDITABLE_PROBE, str(tmp_path / "finder" / name)],
+        cwd=elsewhere, env=_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert probe.returncode == 0, probe.stdout[-3000:] + probe.stderr[-3000:]
+    origin, suite, *collected = probe.stdout.splitlines()
+    assert Path(origin) == src / "acceptance" / "__init__.py" and Path(suite) == src / "acceptance"
+    assert any(line.endswith("test_inventory.py::test_gpu_count") for line in collected), probe.stdout
 
 
 # ----------------------------------------------------------------------------- installed, no checkout
