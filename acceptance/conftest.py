@@ -43,8 +43,19 @@ def pytest_configure(config: pytest.Config) -> None:
     as ``load`` except that the tests of one ``xdist_group`` run in one worker, so each before/after
     pair (counters, fabric ports) reads its two readings in one process. Split, the after test would
     fail NOT MEASURED (its before-reading is in another process): never a silent skip."""
-    if getattr(config.option, "dist", "no") == "load" and not hasattr(config, "workerinput"):
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:  # a worker re-reads the command line, which says only -n: tell it
+        if workerinput.get("gpucluster_loadgroup"):
+            config.option.loadgroup = True  # xdist's worker then suffixes grouped node ids with @group
+    elif getattr(config.option, "dist", "no") == "load":
         config.option.dist = "loadgroup"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist's controller, per worker: say that the run distributes by loadgroup."""
+    if node.config.getvalue("dist") == "loadgroup":
+        node.workerinput["gpucluster_loadgroup"] = True
 
 
 def _nodeid(item: pytest.Item) -> str:
