@@ -198,14 +198,13 @@ def _nvml(node: NodeFacts, model: ProfileModel) -> list[PreflightFinding]:
     test, the ECC/XID counters and the GPU health readings would have nothing to read there. Not a
     capability the cluster lacks (the GPUs are there), so never an excuse: an error with its fix."""
     why = node.capabilities()["nvml"]
-    if model.cluster.device != "cuda" or not node.gpus or why is None:
-        return []
-    fix = NVML_FIX if "pynvml" in why or "nvidia-ml-py" in why else "check the driver (nvidia-smi -q) on that node"
+    if model.cluster.device != "cuda" or not node.gpus or why is None or "pynvml" not in why:
+        return []  # only the missing package; a driver whose NVML fails is the inventory's to judge
     return [
         PreflightFinding(
-            node.host, "NVML", "NVML readable (NVLink state, ECC/XID counters, GPU health)", why,
+            node.host, "NVML", "NVML's Python binding (NVLink state, ECC/XID counters, GPU health)", why,
             f"{node.host}: NVML cannot be read ({why}); the NVLink, counter and GPU health tests would have "
-            f"nothing to read on this GPU node. Fix: {fix}",
+            f"nothing to read on this GPU node. Fix: {NVML_FIX}",
         )
     ]  # fmt: skip
 
