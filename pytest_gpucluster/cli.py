@@ -147,9 +147,8 @@ def cmd_parse_nodelist(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from pytest_gpucluster.results.baseline import read_results
-    from pytest_gpucluster.results.report import write_reports
-
     from pytest_gpucluster.results.rejudge import rejudge
+    from pytest_gpucluster.results.report import write_reports
 
     path = Path(args.results)
     # the verdict is derived again from the evidence (inventory, measurements), not taken as written

@@ -9,6 +9,9 @@ pytest-xdist worker, not a missing Python package, not one rank's skip.
 - ``nvlink``: the profile's ``cluster.interconnects`` names ``nvlink``;
 - ``rdma``: it names ``ib``, ``roce`` or ``efa``;
 - ``multi-node``: the probe found 2 or more nodes;
+- ``multi-gpu``: a node has 2 or more GPUs (the probe's count; on a CPU profile, 2+ ranks per node),
+  so there is intra-node traffic (NVLink, an intra-node collective) to measure;
+- ``multi-rank``: the cluster runs 2 or more ranks in all;
 - ``soak``: soak mode is on (``--gpucluster-soak``): off, its thresholds are not run, like a
   deselected test.
 
@@ -84,6 +87,14 @@ class Inventory:
             )
         if facts is not None and len(facts.nodes) < 2:
             lacking["multi-node"] = f"the cluster has {len(facts.nodes)} node(s)"
+        if cluster.device == "cuda" and nodes:
+            per_node, what = max(n.gpu_count for n in nodes), "GPU(s)"  # the probe's word
+        else:
+            per_node, what = cluster.ranks_per_node or cluster.gpus_per_node, "rank(s) (the profile's)"
+        if per_node < 2:
+            lacking["multi-gpu"] = f"no node has more than {per_node} {what}: nothing intra-node to measure"
+            if facts is not None and len(facts.nodes) * per_node < 2:
+                lacking["multi-rank"] = f"the cluster has {len(facts.nodes) * per_node} rank(s) in all"
         if soak is False:
             lacking["soak"] = "soak mode is off (--gpucluster-soak)"
         return cls(

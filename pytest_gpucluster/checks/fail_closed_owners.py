@@ -92,7 +92,8 @@ def _collective(model: ProfileModel, path: KeyPath) -> tuple[Owner, ...]:
 
 
 def _collective_needs(model: ProfileModel, path: KeyPath) -> tuple[str, ...]:
-    return ("multi-node",) if model.collectives.checks[int(path[2])].scope == "inter-node" else ()
+    scope = model.collectives.checks[int(path[2])].scope
+    return {"inter-node": ("multi-node",), "intra-node": ("multi-gpu",)}.get(scope, ("multi-rank",))
 
 
 def _sft(model: ProfileModel, path: KeyPath) -> tuple[Owner, ...]:
@@ -119,7 +120,7 @@ def nccl_owners(_model: ProfileModel, path: KeyPath) -> tuple[Owner, ...]:
 
 _GPU_HEALTH = Rule(_fixed(Owner("test_burnin.py", "test_gpu_health")), "gpu", ("cuda",))
 _CPU_HEALTH = Rule(_fixed(Owner("test_burnin.py", "test_rank_health_cpu")), "gpu")
-_SPEEDUP = Rule(_fixed(Owner("test_nvlink.py", "test_speedup")))
+_SPEEDUP = Rule(_fixed(Owner("test_nvlink.py", "test_speedup")), "cluster", ("multi-gpu",))
 _COLLECTIVE = Rule(_collective, "cluster", _collective_needs)
 _SFT = Rule(_sft, "cluster", _sft_needs)
 _COUNTERS = Rule(_fixed(Owner("test_burnin.py", "test_counters_after")), "gpu", ("cuda",))
@@ -147,16 +148,16 @@ OWNERS: dict[str, Rule] = {
     "sft.cases[].max_peak_memory": _SFT,
     "sft.cases[].min_gpu_util": _SFT,
     "scaling.steps[].min_efficiency": Rule(_scaling, "cluster", ("multi-node",)),
-    "nvlink.topology": Rule(_fixed(Owner("test_nvlink.py", "test_topology")), "cluster", ("cuda", "nvlink")),
-    "nvlink.links_per_gpu": Rule(_fixed(Owner("test_nvlink.py", "test_links_up")), "cluster", ("cuda", "nvlink")),
-    "nvlink.min_link_speed": Rule(_fixed(Owner("test_nvlink.py", "test_links_up")), "cluster", ("cuda", "nvlink")),
+    "nvlink.topology": Rule(_fixed(Owner("test_nvlink.py", "test_topology")), "cluster", ("cuda", "nvlink", "multi-gpu")),
+    "nvlink.links_per_gpu": Rule(_fixed(Owner("test_nvlink.py", "test_links_up")), "cluster", ("cuda", "nvlink", "multi-gpu")),
+    "nvlink.min_link_speed": Rule(_fixed(Owner("test_nvlink.py", "test_links_up")), "cluster", ("cuda", "nvlink", "multi-gpu")),
     "nvlink.min_counter_fraction": Rule(
-        _fixed(Owner("test_nvlink.py", "test_counters_move_during_all_reduce")), "cluster", ("cuda", "nvlink")
+        _fixed(Owner("test_nvlink.py", "test_counters_move_during_all_reduce")), "cluster", ("cuda", "nvlink", "multi-gpu")
     ),
     "nvlink.min_speedup": _SPEEDUP,
     "nvlink.min_busbw": _SPEEDUP,
     "nvlink.isolated_intra_min_busbw": Rule(
-        _fixed(Owner("test_nvlink.py", "test_isolated_intra_node_busbw")), "cluster", ("cuda",)
+        _fixed(Owner("test_nvlink.py", "test_isolated_intra_node_busbw")), "cluster", ("cuda", "multi-gpu")
     ),
     "nvlink.isolated_inter_min_busbw": Rule(
         _fixed(Owner("test_nvlink.py", "test_isolated_inter_node_busbw")), "cluster", ("cuda", "multi-node")
@@ -182,7 +183,7 @@ OWNERS: dict[str, Rule] = {
     "fabric.max_error_increase": _FABRIC,
     "fabric.max_retransmits_per_gb": _FABRIC,
     "fabric.max_drop_increase": _FABRIC,
-    "numerics.min_flops": Rule(_fixed(Owner("test_numerics.py", "test_numerics_throughput"))),
+    "numerics.min_flops": Rule(_fixed(Owner("test_numerics.py", "test_numerics_throughput")), "gpu"),
     "versions": Rule(_fixed(Owner("test_burnin.py", "test_version_drift"))),
 }  # fmt: skip
 """Each threshold key of the schema (list indices written ``[]``), who judges it, where, needing what.
