@@ -224,6 +224,9 @@ def test_counters_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: A
     pages and uncorrectable remapped rows that grew, a pending or failed row remap, and new XIDs
     fail, naming the GPU; corrected errors are recorded (gated as a rate where the profile says)."""
     before = request.config.stash.get(COUNTERS_BEFORE, None)
+    after = _counters(
+        cluster, gpucluster_session, hw, "after", read_before=before is not None
+    )  # dry run: stops
     if before is None and hw.cluster.device == "cuda":
         # not a skip: a skip here would excuse the counters of a cluster that has them (fail closed)
         pytest.fail(
@@ -232,7 +235,6 @@ def test_counters_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: A
             "with --dist loadgroup, so pass -n with --dist load/loadgroup, not --dist each/worksteal)",
             pytrace=False,
         )
-    after = _counters(cluster, gpucluster_session, hw, "after", read_before=True)
     lost = lost_gpus(before, after)
     grown = health.counter_increases(before, after)
     corrected = health.corrected_checks(before, after, hw.burnin, hw.name)

@@ -95,6 +95,7 @@ def test_fabric_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any
     """The same ports after the run (conftest runs this last): error counters that grew fail, naming
     node, device and port."""
     before = request.config.stash.get(FABRIC_BEFORE, None)
+    after = _read_fabric(cluster, gpucluster_session, "after")  # a dry run stops here, printing the job
     if before is None:
         # not a skip: a skip here would excuse the fabric counters of a cluster that has them
         pytest.fail(
@@ -103,7 +104,6 @@ def test_fabric_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any
             "--dist loadgroup, so pass -n with --dist load/loadgroup, not --dist each/worksteal)",
             pytrace=False,
         )
-    after = _read_fabric(cluster, gpucluster_session, "after")
     verdict = fabric.counter_checks(before, after, hw.fabric, hw.name, _selection_env(gpucluster_session))
     write = gpucluster_session.progress or print
     for node, ports in verdict.counted.items():

@@ -421,6 +421,8 @@ def _fail_closed(gc: GpuClusterSession) -> bool:
     selection (``checks/fail_closed.py``); the rest fail here, as NOT MEASURED. True when any did."""
     from pytest_gpucluster.checks.fail_closed import FAIL_CLOSED_TEST_ID, Inventory, coverage
 
+    if gc.settings.dry_run:
+        return False  # a dry run launches nothing: it plans, and judges no threshold
     model = gc.profile.model
     soak = bool(gc.settings.soak) or bool(gc.tier is not None and gc.tier.soak_s)
     inventory = Inventory.of(model, gc.node_facts, soak=soak)
