@@ -43,6 +43,8 @@ def pytest_configure(config: pytest.Config) -> None:
     as ``load`` except that the tests of one ``xdist_group`` run in one worker, so each before/after
     pair (counters, fabric ports) reads its two readings in one process. Split, the after test would
     fail NOT MEASURED (its before-reading is in another process): never a silent skip."""
+    # the mark is pytest-xdist's; declared here too, for runs without xdist (-p no:xdist)
+    config.addinivalue_line("markers", "xdist_group(name): run the tests of one group in one xdist worker")
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None:  # a worker re-reads the command line, which says only -n: tell it
         if workerinput.get("gpucluster_loadgroup"):
