@@ -67,6 +67,17 @@ def test_gpu_model(hw: Any, nodes: Any, results: Any) -> None:
 
 
 @QUICK
+def test_gpu_memory(hw: Any, nodes: Any, results: Any) -> None:
+    """Each GPU's total memory against cluster.gpu_memory (a MIG slice or another part reports far less)."""
+    if hw.cluster.device != "cuda" or hw.cluster.gpu_memory is None:
+        pytest.skip(f"profile {hw.name} sets no GPU memory (cluster.gpu_memory)")
+    checks = inventory.gpu_memory_checks(nodes, hw)
+    if not checks:
+        pytest.fail("NOT MEASURED: no node listed a GPU to compare with cluster.gpu_memory", pytrace=False)
+    results.check_all(checks)
+
+
+@QUICK
 def test_same_versions(nodes: Any, results: Any) -> None:
     """Driver, CUDA driver, NCCL and torch are the same on every node."""
     checks = inventory.version_checks(nodes)
