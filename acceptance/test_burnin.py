@@ -38,6 +38,7 @@ from pytest_gpucluster.burnin.pairwise import localize
 from pytest_gpucluster.burnin.runner import ClusterPairRunner
 from pytest_gpucluster.burnin.stragglers import Sample, find_stragglers, sweep_samples, worst_per_host
 from pytest_gpucluster.checks.burnin import health, peers
+from pytest_gpucluster.checks.burnin.xid_classes import kill_windows
 from pytest_gpucluster.checks.ceilings import broken_above, memory_ceiling
 from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning
 from pytest_gpucluster.fixtures import job_part, run_with_deadline
@@ -225,6 +226,11 @@ def test_counters_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: A
     corrected = health.corrected_checks(before, after, hw.burnin, hw.name)
     xids = health.xid_readability_checks(before, after, require=hw.burnin.require_xid_source, profile=hw.name)
     for warning in health.xid_warnings(xids):  # a permission is not a sick node (burnin.require_xid_source)
+        warnings.warn(GpuClusterWarning(warning), stacklevel=1)
+    # XIDs of NVIDIA's RESTART_APP bucket (13, 31, 43, 45...) are the application's, often the
+    # suite's own kills: recorded as warnings, the GPU not blamed (checks/burnin/xid_classes.py)
+    kills = kill_windows(gpucluster_session.recorder.header.get("jobs") or ())
+    for warning in health.application_xids(before, after, kills):
         warnings.warn(GpuClusterWarning(warning), stacklevel=1)
     checks = [peers.counter_check(grown), *corrected, *xids]
     judge(checks, [*grown, *(health.suspect_of(c) for c in corrected if c.failed and c.measured)])
