@@ -31,6 +31,7 @@ import pytest
 
 from pytest_gpucluster.checks import fabric
 from pytest_gpucluster.checks.burnin import dcgm, soak
+from pytest_gpucluster.checks.burnin.xid_classes import kill_windows
 from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning, ParseError
 from pytest_gpucluster.fixtures import run_with_deadline
 from pytest_gpucluster.parsers.fabric_ports import FabricSnapshot, parse_snapshot
@@ -96,7 +97,17 @@ def test_fabric_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any
     before = request.config.stash.get(FABRIC_BEFORE, None)
     if before is None:
         pytest.skip("no before-reading of the fabric ports (test_fabric_before did not run in this process)")
-    verdict = fabric.counter_checks(before, after, hw.fabric, hw.name, _selection_env(gpucluster_session))
+    # transport errors (a completion in error) are the suite's own when it killed a job in between
+    first = min((s.taken_at for s in before if s.taken_at is not None), default=None)
+    last = max((s.taken_at for s in after if s.taken_at is not None), default=None)
+    killed = [
+        w.job
+        for w in kill_windows(gpucluster_session.recorder.header.get("jobs") or ())
+        if first is None or last is None or (w.start <= last and w.end >= first)
+    ]
+    verdict = fabric.counter_checks(
+        before, after, hw.fabric, hw.name, _selection_env(gpucluster_session), killed=killed
+    )
     write = gpucluster_session.progress or print
     for node, ports in verdict.counted.items():
         write(f"fabric ports counted on {node}: {', '.join(ports) or 'none'}")

@@ -145,6 +145,7 @@ OWNERS: dict[str, _Owners] = {
     "burnin.soak.max_cv": _fixed(Owner("test_fabric.py", "test_soak")),
     "fabric.max_error_increase": _fixed(Owner("test_fabric.py", "test_fabric_after")),
     "fabric.max_retransmits_per_gb": _fixed(Owner("test_fabric.py", "test_fabric_after")),
+    "fabric.max_bit_error_rate": _fixed(Owner("test_fabric.py", "test_fabric_after")),
     "fabric.max_drop_increase": _fixed(Owner("test_fabric.py", "test_fabric_after")),
     "numerics.min_flops": _fixed(Owner("test_numerics.py", "test_numerics_throughput")),
 }
@@ -162,9 +163,9 @@ NOT_THRESHOLDS = frozenset(
 )
 """``min_*``/``max_*`` keys of the schema that are settings, not thresholds."""
 
-ONLY_WHERE_WRITTEN = frozenset({"fabric.max_retransmits_per_gb"})
-"""Thresholds whose default applies only where the hardware has the counters (retransmit counters
-exist on RDMA ports only): judged closed only where the profile writes them."""
+ONLY_WHERE_WRITTEN = frozenset({"fabric.max_retransmits_per_gb", "fabric.max_bit_error_rate"})
+"""Thresholds whose default applies only where the hardware has the counters (retransmit and
+symbol-error counters exist on RDMA ports only): judged closed only where the profile writes them."""
 
 _NCCL_PATTERN = "nccl.*"
 """The ``nccl:`` expectations (``checks/nccl.expectations_of``), each its own threshold."""

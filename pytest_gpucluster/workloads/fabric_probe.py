@@ -211,6 +211,7 @@ def snapshot(
     return {
         "node": node or socket.gethostname(),
         "taken_at": time.time(),
+        "root": os.geteuid() == 0,  # only root can clear the port counters (a saturated one stays so)
         "sysfs_root": str(root),
         "infiniband": read_ib_ports(root),
         "net": {name: read_interface(root, name, qdisc=qdisc, tc=tc_path) for name in names},
