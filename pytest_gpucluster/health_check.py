@@ -267,6 +267,8 @@ def run_health_check(args: argparse.Namespace) -> int:
     print(verdict.reason)
     for line in read:
         print(f"  {line}")
+    if args.inconclusive_ok and verdict.state == "inconclusive" and not verdict.healthy:
+        return 0  # a Slurm prolog: Slurm drains the node on any non-zero exit of its prolog
     if args.drain and verdict.drains:
         try:  # the verdict line already says who drains: no burn-in prefix
             argv = drain_argv(node, verdict.reason, prefix="")
@@ -298,6 +300,12 @@ def add_health_check_command(sub: Any) -> None:
         action="store_true",
         help="drain this node through scontrol when a check failed (exit 1); never on a timeout or "
         "an inconclusive run (exit 2)",
+    )
+    check.add_argument(
+        "--inconclusive-ok",
+        action="store_true",
+        help="exit 0 on an inconclusive result (its reason still printed): for a Slurm Prolog, where "
+        "Slurm itself drains the node on any non-zero exit",
     )
     check.add_argument(
         "--nvml-only",

@@ -50,6 +50,9 @@ def test_a_timeout_and_an_unknown_profile_exit_non_zero_and_never_call_scontrol(
     assert "usage error" in unknown.stdout and "no-such-profile" in unknown.stdout
     unknown_nvml = _health_check(path, "--nvml-only", "--hw=no-such-profile", "--drain")
     assert unknown_nvml.returncode == 2 and "no-such-profile" in unknown_nvml.stdout
+    # as a Slurm Prolog (which Slurm drains on any non-zero exit): inconclusive exits 0, still said
+    prolog = _health_check(path, "--nvml-only", "--hw=no-such-profile", "--drain", "--inconclusive-ok")
+    assert prolog.returncode == 0 and "inconclusive, not drained" in prolog.stdout
     assert not calls.exists(), calls.read_text()
 
 
