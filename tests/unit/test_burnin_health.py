@@ -247,3 +247,17 @@ def test_an_xid_not_in_the_catalog_table_is_a_suspect_never_taken_for_harmless()
     [suspect] = counter_increases(before, after)
     assert suspect.evidence["action"] == "drain node" and "not in the XID table" in suspect.reason
     assert application_xids(before, after) == []
+
+
+def test_cpu_checks_carry_each_timed_spans_figures_as_the_gates_spread():
+    value = {**_vm()[0]}
+    value["cpu"] = {
+        **value["cpu"],
+        "memory_bandwidth": 4.0e9,
+        "memory_bandwidth_spans": [3.0e9, 4.0e9, 4.4e9],
+    }
+    checks = cpu_checks([value], BurninSection(), "cpu-local")
+    [copy_check] = [c for c in checks if c.metric == "burnin.cpu_memory_bandwidth"]
+    assert (copy_check.spread.min, copy_check.spread.max, copy_check.spread.n) == (3.0e9, 4.4e9, 3)
+    [matmul] = [c for c in checks if c.metric == "burnin.cpu_matmul"]
+    assert matmul.spread is None  # recorded before the spans were kept: no spread, as before

@@ -32,7 +32,7 @@ from pytest_gpucluster.checks.burnin.xid_classes import (
     kill_window_of,
 )
 from pytest_gpucluster.profiles.schema import BurninSection
-from pytest_gpucluster.results.model import Check, Comparison, ThresholdRef
+from pytest_gpucluster.results.model import Check, Comparison, Spread, ThresholdRef
 from pytest_gpucluster.results.text import format_value
 
 __all__ = [
@@ -67,6 +67,7 @@ def _reading(
     ref: ThresholdRef | None,
     where: Mapping[str, Any],
     detail: str = "",
+    spread: Spread | None = None,
 ) -> Check:
     """One number of one rank (or GPU): ``where`` holds host, rank and (on GPUs) gpu; the hint says
     what the number is, of which rank or GPU (``GPU 3 of node7: bf16 matmul``)."""
@@ -84,6 +85,7 @@ def _reading(
         comparison,
         ref if threshold is not None else None,
         labels=where,
+        spread=spread,
         hint=hint,
     )
 
@@ -142,11 +144,15 @@ def cpu_checks(values: Iterable[Mapping[str, Any]], section: BurninSection, prof
         for metric, what, path, unit, key in specs:
             number = _num(value, *path)
             if number is not None:
+                spans = (value.get(path[0]) or {}).get(f"{path[1]}_spans")
+                ok = isinstance(spans, list) and spans and all(isinstance(v, (int, float)) for v in spans)
+                spread = Spread.of(spans) if ok else None  # each timed span: the gate's noise
                 out.append(
                     _reading(
-                        metric, what, number, getattr(section, key), unit, ">=", _key(profile, key), where
+                        metric, what, number, getattr(section, key), unit, ">=", _key(profile, key), where,
+                        spread=spread,
                     )
-                )
+                )  # fmt: skip
     return out
 
 
