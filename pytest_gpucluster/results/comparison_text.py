@@ -159,7 +159,7 @@ def comparison_notes(c: BaselineComparison) -> list[str]:
     if c.load[0] is not None and c.load[1] is not None:
         lines.append(f"load average at the start (1 min): baseline {c.load[0]:g}, this run {c.load[1]:g}")
     regs = c.regressions
-    judged = [ch for ch in c.changes if ch.status not in ("info", "no value", "not gateable")]
+    judged = [ch for ch in c.changes if ch.status not in ("info", "no value")]
     noisy = [ch for ch in c.changes if ch.status == "not gateable"]
     confirmed = sum(ch.confirmed for ch in regs)
     if regs and c.mode == "warn":
@@ -201,11 +201,8 @@ def comparison_lines(
     """
     c = comparison
     lines = comparison_head(c)
-    wanted = [
-        ch
-        for ch in c.changes
-        if show_ok or ch.status in ("regression", "no value", "improved", "not gateable")
-    ]
+    # not gateable rows are summed up above (their count, the widest spread); the report lists each
+    wanted = [ch for ch in c.changes if show_ok or ch.status in ("regression", "no value", "improved")]
     shown = wanted[:limit]
     if shown:
         lines += _table(COMPARISON_HEADER, [comparison_row(ch) for ch in shown])
@@ -213,6 +210,6 @@ def comparison_lines(
         lines.append(f"... and {len(wanted) - len(shown)} more rows (see the report)")
     folded = len(c.changes) - len(wanted)
     if folded:
-        gated = sum(ch.status == "ok" for ch in c.changes)
+        gated = sum(ch.status in ("ok", "not gateable") for ch in c.changes)
         lines.append(f"{gated} more gated within tolerance, {folded - gated} more shown only (not gated)")
     return lines + comparison_notes(c)

@@ -72,6 +72,13 @@ def test_the_reruns_best_repeat_is_what_counts_so_a_noisy_rerun_never_fails_at_r
     assert "not gateable here: healthy spread 173% > 20%" in comparison_row(noisy)[7]
     slowed = status(old, m("lat", 2.0e-3, spread=[1.8e-3, 2.0e-3, 2.6e-3], **kw), 0.2)
     assert (slowed.status, round(slowed.margin, 2)) == ("regression", 1.62)
+    noisy_run = compare_runs(
+        run([old]), run([m("lat", 1.297e-3, spread=[0.486e-3, 1.297e-3, 1.325e-3], **kw)]), 0.2
+    )
+    lines = comparison_lines(noisy_run, show_ok=False)
+    assert "no regression in 1 gated measurement(s); 0 more compared and shown, not gated" in lines
+    [said] = [line for line in lines if line.startswith("not gateable here (1): ")]
+    assert "widest: lat 173% against 20%" in said
 
 
 def test_a_value_that_was_zero_regresses_when_it_grows_and_an_improvement_is_named():
