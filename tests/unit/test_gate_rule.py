@@ -78,7 +78,7 @@ def test_the_reruns_best_repeat_is_what_counts_so_a_noisy_rerun_never_fails_at_r
     lines = comparison_lines(noisy_run, show_ok=False)
     assert "no regression in 1 gated measurement(s); 0 more compared and shown, not gated" in lines
     [said] = [line for line in lines if line.startswith("not gateable here (1): ")]
-    assert "widest: lat 173% against 20%" in said
+    assert "widest: lat [intra-node] 173% against 20%" in said
 
 
 def test_a_value_that_was_zero_regresses_when_it_grows_and_an_improvement_is_named():
