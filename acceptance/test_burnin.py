@@ -230,9 +230,10 @@ def test_counters_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: A
     # XIDs of NVIDIA's RESTART_APP bucket (13, 31, 43, 45...) are the application's, often the
     # suite's own kills: recorded as warnings, the GPU not blamed (checks/burnin/xid_classes.py)
     kills = kill_windows(gpucluster_session.recorder.header.get("jobs") or ())
-    for warning in health.application_xids(before, after, kills):
-        warnings.warn(GpuClusterWarning(warning), stacklevel=1)
-    checks = [peers.counter_check(grown), *corrected, *xids]
+    app_xids = health.application_xids(before, after, kills)
+    for check in app_xids:
+        warnings.warn(GpuClusterWarning(check.hint), stacklevel=1)
+    checks = [peers.counter_check(grown), *corrected, *xids, *app_xids]
     judge(checks, [*grown, *(health.suspect_of(c) for c in corrected if c.failed and c.measured)])
 
 

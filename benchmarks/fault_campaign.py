@@ -133,11 +133,12 @@ def xid_case() -> Outcome:
     before = [dict(v[0], xid_events=[]) for v in nodes.values()]
     after = [dict(v[0], xid_events=v[1]) for v in nodes.values()]
     suspects = counter_increases(before, after)
-    application_xids(before, after, windows)  # the warnings; blame is what the suspects name
+    warned = application_xids(before, after, windows)  # recorded checks, judged as the report would
+    _, blamed_by_report = _judged(warned, list(nodes))
     out.planted = [("node2", "drain node"), ("node3", "reset GPU")]
     out.healthy = ["node1", "node4"]
     out.named = {(s.node, str(s.evidence.get("action"))) for s in suspects}
-    out.blamed = {s.node for s in suspects}
+    out.blamed = {s.node for s in suspects} | blamed_by_report
     out.note = f"kill window from a real job: {'yes' if windows else 'NO'}"
     return out
 

@@ -42,7 +42,7 @@ def test_an_application_xid_inside_a_killed_jobs_window_is_the_kills_and_xid_79_
         {"xid": 45, "pci": "00000000:3b:00.0", "time": window.end, "source": "nvml"},
         {"xid": 79, "pci": "00000000:c6:00.0", "time": window.end, "source": "nvml"},
     ]
-    [warning] = application_xids(gpus, after, [window])
+    [warning] = [c.hint for c in application_xids(gpus, after, [window])]
     assert "which the suite stopped" in warning and "not blamed" in warning, warning
     [suspect] = counter_increases(gpus, after)
     assert (suspect.gpu, suspect.evidence["action"]) == ("GPU 1 (00000000:C6:00.0)", "drain node")

@@ -211,7 +211,7 @@ def test_application_xids_of_a_real_log_are_warnings_matched_to_their_gpu_by_pci
     after = copy.deepcopy(gpus)
     after[0]["xid_events"] = parse_xid_lines("\n".join(lines))
     assert counter_increases(before, after) == []
-    warned = application_xids(before, after)
+    warned = [c.hint for c in application_xids(before, after)]
     assert [w.split(" (")[0] for w in warned] == [
         "XID 45 on GPU 2",
         "XID 45 on GPU 1",

@@ -64,7 +64,13 @@ def test_an_application_xid_after_a_suite_kill_is_a_warning_while_xid_79_is_a_su
         {"xid": 45, "pci": "00000000:3b:00.0", "time": window.end + 1.0, "source": "nvml"},
         {**xid_79, "time": window.end - 2.0, "source": "nvml"},
     ]
-    [warning] = application_xids(before, after, [window])
+    [recorded] = application_xids(before, after, [window])
+    assert (recorded.metric, recorded.failed, recorded.labels["killed_job"]) == (
+        "burnin.xid_application",
+        False,
+        "health-1",
+    )
+    warning = recorded.hint
     assert warning.startswith("XID 45 on GPU 0 (00000000:3B:00.0) of node7")
     assert "job health-1, which the suite stopped" in warning and "attributed to that kill" in warning
     [suspect] = counter_increases(before, after)
@@ -77,5 +83,5 @@ def test_an_application_xid_after_a_suite_kill_is_a_warning_while_xid_79_is_a_su
     # the same Xid 45 long after the kill is still the application's, but not the kill's
     late = copy.deepcopy(after)
     late[0]["xid_watch_events"][0]["time"] = window.end + KILL_GRACE_S + 60
-    [alone] = application_xids(before, late, [window])
+    [alone] = [c.hint for c in application_xids(before, late, [window])]
     assert "stopped" not in alone and "an application's error" in alone

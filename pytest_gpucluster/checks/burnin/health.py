@@ -344,10 +344,11 @@ def application_xids(
     before: Sequence[Mapping[str, Any]],
     after: Sequence[Mapping[str, Any]],
     kills: Sequence[KillWindow] = (),
-) -> list[str]:
-    """A warning per application-class XID of the run (NVIDIA's ``RESTART_APP`` bucket: 13, 31,
-    43, 45...): recorded, the GPU not blamed. One inside the window of a job the suite itself
-    stopped (``kills``, `xid_classes.kill_windows`) is attributed to that kill."""
+) -> list[Check]:
+    """A recorded check (no threshold: a warning) per application-class XID of the run (NVIDIA's
+    ``RESTART_APP`` bucket: 13, 31, 43, 45...), naming host and GPU; the GPU is not blamed. One
+    inside the window of a job the suite itself stopped (``kills``, `xid_classes.kill_windows`) is
+    attributed to that kill. Its hint is the warning's sentence."""
     out = []
     for host, gpu, event, xid_class in _new_xids(before, after):
         if xid_class is None or not xid_class.application:
@@ -360,10 +361,14 @@ def application_xids(
             if window
             else "an application's error, not the GPU's"
         )
-        out.append(
+        sentence = (
             f"XID {event.get('xid')} on {gpu} of {host} ({xid_class.name}; NVIDIA's XID catalog: "
             f"RESTART_APP) {cause}. Recorded, the GPU is not blamed: {said}"
         )
+        labels = {"host": host, "gpu": gpu, "xid": event.get("xid")}
+        if window:
+            labels["killed_job"] = window.job
+        out.append(Check("burnin.xid_application", 1.0, "events", labels=labels, hint=sentence))
     return out
 
 
