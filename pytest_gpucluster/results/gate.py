@@ -22,7 +22,10 @@ min) / min``); a metric that did not regress and whose spread exceeds its tolera
 gateable`` here: its repeats on this cluster vary more than the change the tolerance asks to see,
 so it is shown with its spread instead of being held to a number it cannot keep, and never failed
 on at random (issue 35: a healthy rerun's 1 KiB all_reduce latency ran 0.23-1.5 ms, and the median
-of such repeats against the baseline's range failed the gate). The
+of such repeats against the baseline's range failed the gate). Between runs a metric may move more
+than inside one (the machine loaded by others for the whole of a test): a profile rule's measured
+``healthy_spread`` (how far healthy reruns on this cluster went past the baseline's noise,
+``benchmarks/gate_noise.py``) raises the bar to it, and a value inside it is ``not gateable``. The
 change the tables show is between the medians. The same rule the other way round says *improved*.
 
 **Hosts.** Values labelled with a machine (``host``, ``rank``, ``pair``, ``node``, ``gpu``) are
@@ -121,6 +124,9 @@ class ToleranceRule:
     tolerance: float | None
     source: str
     """Where it comes from: ``profile cpu-local: regression.tolerances[0]``."""
+    healthy_spread: float | None = None
+    """How far healthy reruns on this cluster went past the baseline's noise (measured); above the
+    tolerance, a value regresses only beyond it and is ``not gateable`` inside it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,12 +143,25 @@ class Tolerances:
                 return rule.tolerance, rule.source
         return self.default, self.source
 
+    def healthy_spread(self, metric: str) -> float | None:
+        """The measured healthy spread of the rule ``metric`` matches (None: not measured)."""
+        for rule in self.rules:
+            if fnmatch.fnmatchcase(metric, rule.pattern):
+                return rule.healthy_spread
+        return None
+
     def to_json(self) -> dict[str, Any]:
         return {
             "default": self.default,
             "source": self.source,
             "rules": [
-                {"pattern": r.pattern, "tolerance": r.tolerance, "source": r.source} for r in self.rules
+                {
+                    "pattern": r.pattern,
+                    "tolerance": r.tolerance,
+                    "source": r.source,
+                    "healthy_spread": r.healthy_spread,
+                }
+                for r in self.rules
             ],
         }
 
@@ -153,6 +172,7 @@ class Tolerances:
                 str(r["pattern"]),
                 None if r.get("tolerance") is None else float(r["tolerance"]),
                 str(r["source"]),
+                None if r.get("healthy_spread") is None else float(r["healthy_spread"]),
             )
             for r in data.get("rules") or ()
         )
@@ -238,11 +258,13 @@ def _status(
     direction: Direction | None,
     tolerance: float | None,
     is_gated: bool,
+    healthy: float | None = None,
 ) -> tuple[Status, float | None, float]:
     """The verdict, the margin (how far this run's best repeat lies past the baseline's worse end)
-    and the healthy spread (module docstring: the rule)."""
+    and the healthy spread (module docstring: the rule); ``healthy``: the profile's measured spread
+    between healthy reruns on this cluster."""
     (low, high), (new_low, new_high) = old, new
-    spread = max(_width(low, high), _width(new_low, new_high))
+    spread = max(_width(low, high), _width(new_low, new_high), healthy or 0.0)
     if direction is None:
         return "info", None, spread
     if direction == "higher":
@@ -251,7 +273,7 @@ def _status(
         margin, gain = _beyond(high, new_low - high), _beyond(low, low - new_high)
     if not is_gated or tolerance is None:
         return "info", margin, spread
-    if margin > tolerance + _SLACK:
+    if margin > max(tolerance, healthy or 0.0) + _SLACK:
         return "regression", margin, spread
     if gain > tolerance + _SLACK:
         return "improved", margin, spread
@@ -290,7 +312,14 @@ def compare_pair(
     if o is None or n is None:
         status = "no value"
     else:
-        status, margin, spread = _status((low, high), (new_low, new_high), direction, tolerance, gated(new))
+        status, margin, spread = _status(
+            (low, high),
+            (new_low, new_high),
+            direction,
+            tolerance,
+            gated(new),
+            tolerances.healthy_spread(new.metric),
+        )
     return MetricChange(
         key=new.key,
         metric=new.metric,

@@ -228,3 +228,18 @@ def test_a_count_that_must_be_zero_is_left_to_its_threshold():
     old = m("burnin.stragglers", 0.0, unit="ranks", threshold=0.0, comparison="<=")
     grown = status(old, m("burnin.stragglers", 1.0, unit="ranks", threshold=0.0, comparison="<="))
     assert grown.status == "info"
+
+
+def test_a_measured_healthy_spread_above_the_tolerance_makes_the_metric_not_gateable_inside_it():
+    """cpu-local's busbw moved up to 40% past the baseline's noise between healthy reruns (the machine
+    loaded by others for a whole test): at a 25% tolerance a 30% drop is inside that spread (not
+    gateable, never failed), a 3x slowdown is beyond it (a regression)."""
+    rules = (ToleranceRule("x.*", 0.25, "profile p: regression.tolerances[0]", healthy_spread=0.4),)
+    tol = Tolerances(0.05, rules=rules)
+    old = m("x.busbw", 100 * GB, spread=[99 * GB, 100 * GB, 101 * GB])
+    inside = status(old, m("x.busbw", 69 * GB), tol)
+    assert (inside.status, round(inside.margin, 2), inside.spread) == ("not gateable", 0.3, 0.4)
+    assert status(old, m("x.busbw", 33 * GB), tol).status == "regression"
+    # the rule travels with results.json's stored comparison
+    again = Tolerances.from_json(json.loads(json.dumps(tol.to_json())))
+    assert again.healthy_spread("x.busbw") == 0.4 and again.healthy_spread("y") is None
