@@ -155,12 +155,8 @@ class Tolerances:
             "default": self.default,
             "source": self.source,
             "rules": [
-                {
-                    "pattern": r.pattern,
-                    "tolerance": r.tolerance,
-                    "source": r.source,
-                    "healthy_spread": r.healthy_spread,
-                }
+                {"pattern": r.pattern, "tolerance": r.tolerance, "source": r.source}
+                | ({} if r.healthy_spread is None else {"healthy_spread": r.healthy_spread})
                 for r in self.rules
             ],
         }
