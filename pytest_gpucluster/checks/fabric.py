@@ -57,49 +57,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pytest_gpucluster.burnin.drain import Suspect
+from pytest_gpucluster.checks.fabric_selection import (
+    NameSelection,
+    Port,
+    counted_ports,
+)
 from pytest_gpucluster.parsers.fabric_diff import SATURATING_BITS, CounterChange, counter_class, diff_ports
-from pytest_gpucluster.parsers.fabric_ports import FabricSnapshot, IbPort, NetInterface
+from pytest_gpucluster.parsers.fabric_ports import FabricSnapshot, IbPort
 from pytest_gpucluster.profiles.schema import FabricSection
 from pytest_gpucluster.results.model import Check, ThresholdRef
 
 __all__ = ["FabricVerdict", "NameSelection", "counted_ports", "counter_checks", "moved_bytes"]
-
-Port = IbPort | NetInterface
-NCCL_DEFAULT_INTERFACES = "^docker,lo"
-"""What NCCL falls back to when no interface name starts with ``ib`` (``ncclFindInterfaces``)."""
-UP_STATES = ("up",)
-
-
-@dataclass(frozen=True, slots=True)
-class NameSelection:
-    """A list in NCCL's syntax (``NCCL_IB_HCA``, ``NCCL_SOCKET_IFNAME``): prefixes unless it starts
-    with ``=``, the complement with ``^`` (``^=`` both); an IB entry may end in ``:port``."""
-
-    text: str
-    exclude: bool
-    exact: bool
-    entries: tuple[tuple[str, int | None], ...]
-
-    @classmethod
-    def parse(cls, text: str) -> NameSelection:
-        body = text.strip()
-        exclude = body.startswith("^")
-        body = body.removeprefix("^")
-        exact = body.startswith("=")
-        entries: list[tuple[str, int | None]] = []
-        for item in body.removeprefix("=").split(","):
-            name, _, port = item.strip().partition(":")
-            if name:
-                entries.append((name, int(port) if port.strip().isdigit() else None))
-        return cls(text.strip(), exclude, exact, tuple(entries))
-
-    def selects(self, name: str, port: int | None = None) -> bool:
-        def hit(entry: tuple[str, int | None]) -> bool:
-            wanted, wanted_port = entry
-            named = name == wanted if self.exact else name.startswith(wanted)
-            return named and (wanted_port is None or port is None or wanted_port == port)
-
-        return any(hit(e) for e in self.entries) != self.exclude
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,30 +80,6 @@ class FabricVerdict:
     warnings: tuple[str, ...]
     counted: Mapping[str, tuple[str, ...]]
     """Per node, the ports and interfaces that counted (``mlx5_0/1``, ``eth0``)."""
-
-
-def _selections(section: FabricSection, env: Mapping[str, str]) -> tuple[NameSelection | None, str | None]:
-    ib = section.ib_devices or env.get("NCCL_IB_HCA") or None
-    interfaces = section.interfaces or env.get("NCCL_SOCKET_IFNAME") or env.get("GLOO_SOCKET_IFNAME") or None
-    return (NameSelection.parse(ib) if ib else None), interfaces
-
-
-def counted_ports(
-    snapshot: FabricSnapshot, section: FabricSection, env: Mapping[str, str]
-) -> tuple[list[Port], str]:
-    """The ports of one reading that count, and a sentence saying how they were chosen."""
-    ib, interfaces = _selections(section, env)
-    ports: list[Port] = [p for p in snapshot.ib_ports if ib is None or ib.selects(p.device, p.port)]
-    up = [i for i in snapshot.interfaces if (i.operstate or "").lower() in UP_STATES]
-    if interfaces is None:
-        interfaces = "ib" if any(i.name.startswith("ib") for i in up) else NCCL_DEFAULT_INTERFACES
-        how = f"interfaces as NCCL picks them ({interfaces!r})"
-    else:
-        how = f"interfaces {interfaces!r}"
-    chosen = NameSelection.parse(interfaces)
-    ports += [i for i in up if chosen.selects(i.name)]
-    how += f", IB devices {ib.text!r}" if ib else ", every IB device"
-    return ports, how + ", up in the first reading"
 
 
 def _name(port: Port) -> str:
