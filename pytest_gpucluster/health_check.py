@@ -310,9 +310,9 @@ def add_health_check_command(sub: Any) -> None:
     check.add_argument(
         "--nvml-only",
         action="store_true",
-        help="launch no job: read NVML and sysfs only (GPU count against --hw's gpus_per_node, lost "
-        "GPUs, uncorrectable ECC, row remaps, InfiniBand port states) and print what was read; seconds "
-        "on a cold node, for Slurm's HealthCheckProgram (killed after 60 s)",
+        help="launch no job: read NVML and sysfs only, judge the GPU count against --hw's gpus_per_node, "
+        "lost GPUs, uncorrectable ECC and row remaps, list the InfiniBand ports' states, and print what was "
+        "read; seconds on a cold node, for Slurm's HealthCheckProgram (killed after 60 s)",
     )
     check.add_argument("--results-dir", help="keep the run's results here (default: a temporary directory)")
     check.add_argument(
