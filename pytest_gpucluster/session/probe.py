@@ -4,7 +4,8 @@ per-node probe (`cluster.probe`), and the small rules around it.
 ``--hw=auto`` must pick a profile from the GPUs of the nodes, not of the machine pytest runs on
 (a login node): `probe_for_auto` probes them through a provisional cluster (the listed hosts,
 one rank each, gloo, the settings' launcher) before there is a profile. With a profile, the
-session probes through its own cluster (`cluster.probe.probe_cluster`). `all_local` says when no launch is
+session probes through its own cluster; either way each node on its own (`cluster.probe.probe_each`).
+`all_local` says when no launch is
 needed at all (every host is this machine: the pytest process reads itself), and
 `allocation_cpus` what a Slurm allocation grants per node until the probe says more.
 
@@ -18,12 +19,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_gpucluster.cluster import probe as cluster_probe
 from pytest_gpucluster.cluster.node_facts import ClusterFacts
 from pytest_gpucluster.cluster.probe import (
     PROBE_WORK_S,
     PROBE_WORKLOAD,
-    probe_cluster,
-    probe_here,
     probe_options,
     read_probe_file,
 )
@@ -69,16 +69,23 @@ def probe_for_auto(
 
     options = probe_options(forward_patterns(settings.forward_env))
     if worker:
-        return read_probe_file(results_dir) or probe_here(options)
+        return read_probe_file(results_dir) or cluster_probe.probe_here(options)
     cluster = provisional_cluster(settings, nodes, results_dir, session_tag)
     if cluster is None:
-        return probe_here(options)
+        return cluster_probe.probe_here(options)
     if settings.dry_run:
         return None
     from pytest_gpucluster.launch.job import rendezvous_deadline
 
-    deadline = rendezvous_deadline(cluster.spec.nnodes, settings.rendezvous_timeout) + PROBE_WORK_S
-    return probe_cluster(cluster, options, timeout_s=deadline)
+    deadline = rendezvous_deadline(1, settings.rendezvous_timeout) + PROBE_WORK_S
+    facts = cluster_probe.probe_each(cluster, options, timeout_s=deadline)
+    if settings.launcher == "slurm":  # several Slurm nodes and no GPU: an error, not cpu-local
+        from pytest_gpucluster.cluster.slurm_gpus import no_gpu_error
+        from pytest_gpucluster.errors import ProfileError
+
+        if problem := no_gpu_error(facts, cluster.launcher.extra_args):
+            raise ProfileError(problem)
+    return facts
 
 
 def provisional_cluster(settings: Settings, nodes: NodeList, results_dir: Path, session_tag: str) -> Any:
@@ -101,8 +108,12 @@ def provisional_cluster(settings: Settings, nodes: NodeList, results_dir: Path, 
         return None
     spec = replace(spec, hosts=tuple(h for h in spec.hosts if h[0] in nodes.hosts))
     kwargs: dict[str, Any] = {"extra_args": list(settings.launcher_args)} if settings.launcher_args else {}
-    if settings.launcher == "slurm":
-        kwargs |= {"mode": settings.slurm_mode, "overcommit": False}
+    if settings.launcher == "slurm":  # the nodes' GPUs asked for, or the step gets none (slurm_gpus)
+        from pytest_gpucluster.cluster.slurm_gpus import probe_gpu_request
+
+        site = list(settings.launcher_args or ())
+        gpus = probe_gpu_request(spec.host_names, site).args
+        kwargs |= {"mode": settings.slurm_mode, "overcommit": False, "extra_args": [*site, *gpus]}
     return Cluster(
         spec,
         get_launcher(settings.launcher, **kwargs),
