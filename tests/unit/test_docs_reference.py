@@ -59,11 +59,18 @@ def test_the_options_page_names_every_option_with_its_env_ini_and_help(rendered:
     for opt in OPTIONS:
         assert f"### `{opt.flag}" in page, opt.flag
         assert f"`{opt.env}`" in page and f"`{opt.ini}`" in page, opt.flag
-    for switch in ("--gpucluster-dry-run", "--gpucluster-reap", "--gpucluster-retest-suspects", "--gpucluster-drain"):
+    for switch in (
+        "--gpucluster-dry-run",
+        "--gpucluster-reap",
+        "--gpucluster-retest-suspects",
+        "--gpucluster-drain",
+    ):
         assert f"### `{switch}`" in page
 
 
-def test_the_profile_keys_page_names_every_schema_key_and_every_threshold_owner(rendered: dict[str, str]) -> None:
+def test_the_profile_keys_page_names_every_schema_key_and_every_threshold_owner(
+    rendered: dict[str, str],
+) -> None:
     from pytest_gpucluster.checks.fail_closed import OWNERS
     from pytest_gpucluster.profiles.schema import ProfileModel
 
@@ -106,7 +113,9 @@ def test_the_cli_page_names_every_subcommand(rendered: dict[str, str]) -> None:
 
     walk_parser(cli.build_parser())
     names += [f"gpucluster profiles {word}" for word in cli.PROFILE_COMMANDS]
-    assert {"gpucluster health-check", "gpucluster history lemons", "gpucluster profiles derive"} <= set(names)
+    assert {"gpucluster health-check", "gpucluster history lemons", "gpucluster profiles derive"} <= set(
+        names
+    )
     missing = [n for n in names if f"## `{n}`" not in page]
     assert not missing, missing
 
