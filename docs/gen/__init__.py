@@ -8,7 +8,8 @@ cannot land without its reference page.
 Each page is a pure function of the package's tables (no I/O but importing the package and reading
 its shipped profiles): the option table (``options``), the profile schema and the fail-closed owner
 table (``profiles.schema``, ``checks.fail_closed``), the findings' reason classes and action ladder
-(``results.findings``) and the ``gpucluster`` argparse tree (``cli``).
+(``results.findings``), the ``gpucluster`` argparse tree (``cli``) and the part profiles' floors
+(``profiles.part_rules`` over ``thresholds/devices.yaml``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from docs.gen.cli_page import render_cli
 from docs.gen.findings_page import render_findings
+from docs.gen.floors_page import render_part_floors
 from docs.gen.options_page import render_options
 from docs.gen.profile_page import render_profile_keys
 
@@ -35,6 +37,7 @@ PAGES: dict[str, Callable[[], str]] = {
     "reference/profile-keys.md": render_profile_keys,
     "reference/findings.md": render_findings,
     "reference/cli.md": render_cli,
+    "reference/part-floors.md": render_part_floors,
 }
 """Each generated page (relative to docs/) and the function that renders it."""
 
