@@ -10,6 +10,8 @@
 - ``report-first-screen.png`` and ``fleet-chart.png``: that run fanned out to ``--nodes`` x 8 GPUs
   (``pytest_gpucluster.testbed.fanout``: one slow GPU and one failing port planted), its report's
   first screen and its per-GPU matmul chart across the fleet.
+- ``report-first-screen-h200.png``: the first screen of the report of the real quick tier recorded
+  on a lent H200 (``tests/data/gpu_session/h200_2026_11_28/quick/results.json``; ``--gpu-results``).
 - ``--site DIR``: also the built site's home, tutorial and options reference (``mkdocs build``
   first), into DIR rather than docs/ (pictures of the site are for checking it, not for the site).
 
@@ -23,6 +25,7 @@ import argparse
 import html
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,6 +40,7 @@ from pytest_gpucluster.testbed.chromium import CHROMIUM, headless_flags  # noqa:
 from pytest_gpucluster.testbed.fanout import dumps, fan_out  # noqa: E402
 
 OUT = REPO / "docs" / "screenshots"
+GPU_RESULTS = REPO / "tests" / "data" / "gpu_session" / "h200_2026_11_28" / "quick" / "results.json"
 LIMIT = 300 * 1024
 TERMINAL_CSS = (
     "body{margin:0;background:#1e1e1e;}pre{margin:0;padding:16px 20px;color:#d4d4d4;"
@@ -134,6 +138,14 @@ def reports(results: Path, work: Path, nodes: int) -> None:
     screenshot(chart.as_uri(), OUT / "fleet-chart.png", width=690, height=390)
 
 
+def gpu_report(results: Path, work: Path) -> None:
+    out = work / "h200-quick"
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(results, out / "results.json")  # the report names the file it was read from
+    write_reports(read_results(out / "results.json"), out)
+    screenshot((out / "report.html").as_uri(), OUT / "report-first-screen-h200.png", height=470)
+
+
 def _chart_page(report: Path, metric: str, page: Path) -> Path:
     """The report's chart of ``metric`` alone, with the report's own style: one figure as the report shows it."""
     text = report.read_text(encoding="utf-8")
@@ -160,6 +172,7 @@ def site(out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", type=Path, help="a real cpu-local results.json (default: run -m quick)")
+    parser.add_argument("--gpu-results", type=Path, default=GPU_RESULTS, help="a real GPU run's results.json")
     parser.add_argument("--nodes", type=int, default=64, help="the fleet size the run is fanned out to")
     parser.add_argument("--site", type=Path, metavar="DIR", help="also screenshot the built site into DIR")
     parser.add_argument("--only-site", action="store_true", help="only the site's pictures (with --site)")
@@ -169,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.only_site:
             dry_run_table(work, args.nodes)
             reports(args.results or real_run(work), work, args.nodes)
+            gpu_report(args.gpu_results, work)
         if args.site:
             site(args.site)
     return 0
