@@ -58,6 +58,7 @@ def screenshot(url: str, png: Path, width: int = 1280, height: int = 800) -> Pat
             str(CHROMIUM),
             *headless_flags(width, height),
             "--hide-scrollbars",
+            "--virtual-time-budget=3000",  # let the page's scripts run (the site's search box) before the picture
             f"--user-data-dir={profile}",
             f"--screenshot={png}",
             url,

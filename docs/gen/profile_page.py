@@ -257,7 +257,7 @@ def _table(keys: list[Key], owners: dict[str, str]) -> str:
         rows.append(
             (
                 code(k.key),
-                f"{kind}; default {k.default}",
+                f"{kind}; " + ("required" if k.default == "required" else f"default {k.default}"),
                 owners.get(k.key, _settings_note(k.key)),
                 cell(k.description),
             )

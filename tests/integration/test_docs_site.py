@@ -64,7 +64,13 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _chromium(site: Path, *args: str, tmp: Path) -> str:
-    argv = [str(CHROMIUM), *headless_flags(1280, 900), f"--user-data-dir={tmp / 'profile'}", *args]
+    argv = [
+        str(CHROMIUM),
+        *headless_flags(1280, 900),
+        "--virtual-time-budget=3000",  # the theme's scripts run before the DOM is dumped or drawn
+        f"--user-data-dir={tmp / 'profile'}",
+        *args,
+    ]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True).stdout
 
 
@@ -113,6 +119,8 @@ def test_the_page_renders_with_its_headings_and_no_broken_internal_link(
     h2 = _headings(dom, 2)
     assert [s for s in sections if s not in h2] == [], h2
     assert 'class="md-nav' in dom and "Reference" in dom  # the theme's navigation was drawn
+    # and its scripts ran from file:// (the built page says class="no-js"; the theme's script replaces it)
+    assert re.search(r'<html[^>]*class="[^"]*\bjs\b', dom)
     assert _broken_links(site, page, dom) == []
     links = re.findall(r'href="([^"#:]+\.html)', dom)
     assert len(links) > 20  # the nav and the page's own links were all checked above

@@ -133,8 +133,13 @@ def test_every_docs_page_is_in_the_nav_and_every_nav_entry_exists() -> None:
     config = yaml.safe_load((REPO / "mkdocs.yml").read_text(encoding="utf-8"))
     nav = _nav_pages(config["nav"])
     pages = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md"))
-    assert sorted(set(pages) - set(nav)) == [], "pages missing from mkdocs.yml's nav"
-    assert sorted(set(nav) - set(pages)) == [], "nav entries with no page"
+    missing = sorted(set(pages) - set(nav))
+    assert not missing, (
+        f"docs page(s) not in the site's nav: {', '.join('docs/' + p for p in missing)}. Add each under "
+        "`nav:` in mkdocs.yml (Tutorial, How-to guides, Explanation or Reference); `mkdocs build --strict` "
+        "fails on it too."
+    )
+    assert sorted(set(nav) - set(pages)) == [], "mkdocs.yml's nav names page(s) that do not exist"
     assert set(PAGES) <= set(nav)
 
 
