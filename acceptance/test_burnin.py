@@ -44,10 +44,10 @@ from pytest_gpucluster.fixtures import job_part, run_with_deadline
 from pytest_gpucluster.harness import Part, PartRun
 from pytest_gpucluster.inputs import read_texts
 from pytest_gpucluster.parsers.nccl_log import parse_nccl_log
-from pytest_gpucluster.plan_items import launches
 from pytest_gpucluster.plans import burnin as plans
 from pytest_gpucluster.plans.burnin_deadlines import counters_deadline, pair_deadline
 from pytest_gpucluster.session import GpuClusterSession
+from pytest_gpucluster.session.plan import launches
 
 pytestmark = pytest.mark.burnin
 COUNTERS_BEFORE = pytest.StashKey[list[dict[str, Any]]]()

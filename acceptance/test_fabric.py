@@ -34,10 +34,10 @@ from pytest_gpucluster.checks.burnin import dcgm, soak
 from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning, ParseError
 from pytest_gpucluster.fixtures import run_with_deadline
 from pytest_gpucluster.parsers.fabric_ports import FabricSnapshot, parse_snapshot
-from pytest_gpucluster.plan_items import launches
 from pytest_gpucluster.plans import burnin as plans
 from pytest_gpucluster.plans import soak as soak_plan
 from pytest_gpucluster.plans.burnin_deadlines import dcgm_deadline, dcgm_estimate, fabric_deadline
+from pytest_gpucluster.session.plan import launches
 
 pytestmark = pytest.mark.burnin
 FABRIC_BEFORE = pytest.StashKey[list[FabricSnapshot]]()

@@ -16,7 +16,7 @@ import pytest
 from pytest_gpucluster.checks import inventory
 from pytest_gpucluster.cluster.preflight import preflight_checks
 from pytest_gpucluster.results.model import Check, ThresholdRef
-from pytest_gpucluster.session_preflight import run_preflight
+from pytest_gpucluster.session.start import judge_nodes
 
 QUICK = pytest.mark.quick
 """Read from the per-node probe, no job of their own: the quick tier's inventory (all but the node count,
@@ -28,9 +28,9 @@ def test_preflight(gpucluster_session: Any, results: Any) -> None:
     """The preflight's verdict per node (`cluster.preflight`): the NCCL interfaces and HCAs, ranks per
     node and GPUs fit what the node has. An error stops a run before any test, so this shows the
     nodes that passed, or, in a dry run, every finding."""
+    if gpucluster_session.preflight is None:  # an xdist worker: the same facts give the same findings
+        judge_nodes(gpucluster_session)
     findings = gpucluster_session.preflight
-    if findings is None:  # an xdist worker: the controller judged; the same facts give the same findings
-        findings = run_preflight(gpucluster_session)
     if findings is None:
         why = gpucluster_session.not_probed or "this session launches nothing (--train-log / --nccl-log)"
         pytest.skip(f"no preflight: {why}")

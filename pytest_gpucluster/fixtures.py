@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -24,12 +24,7 @@ from pytest_gpucluster.profiles.detect import MachineInfo
 from pytest_gpucluster.profiles.schema import ProfileModel
 from pytest_gpucluster.results.recorder import Recorder
 from pytest_gpucluster.session import GpuClusterSession, get_session
-
-Planner = Callable[[GpuClusterSession, Mapping[str, Any]], Part | None]
-"""What a test needs run, from the session and the test's parameters (None: nothing)."""
-
-_PLANNERS: dict[str, Planner] = {}
-"""Fixture name -> planner, for every fixture `job_part` made: the harness's look-ahead."""
+from pytest_gpucluster.session.plan import PLANNERS, Planner, item_params, planned_parts
 
 
 @pytest.fixture(scope="session")
@@ -210,34 +205,6 @@ def local_devices(
         yield list(range(len(visible.split(","))))
 
 
-def _params(item: Any) -> Mapping[str, Any]:
-    callspec = getattr(item, "callspec", None)
-    return callspec.params if callspec is not None else {}
-
-
-def _planned(
-    items: list[pytest.Item], session: GpuClusterSession, errors: list[str] | None = None
-) -> list[Part]:
-    """The parts the tests of ``items`` would run (tests that will skip for what the session
-    lacks left out), in test order. A planner that raises is left out (its test reports the
-    error when it runs); ``errors`` collects ``test: error`` for those."""
-    found = []
-    for item in items:
-        names = [n for n in getattr(item, "fixturenames", ()) if n in _PLANNERS]
-        if not names or item.get_closest_marker("skip") or session.unmet_requirements(item):
-            continue
-        for name in names:
-            try:
-                part = _PLANNERS[name](session, _params(item))
-            except Exception as exc:
-                if errors is not None:
-                    errors.append(f"{item.nodeid}: {exc}")
-                continue
-            if part is not None:
-                found.append(part)
-    return found
-
-
 def _upcoming(pytest_session: pytest.Session, session: GpuClusterSession) -> Callable[[], list[Part]]:
     """The parts of the selected tests from the running one on, except tests that will skip for
     what the session lacks: what a job launched now may run for them too."""
@@ -250,7 +217,7 @@ def _upcoming(pytest_session: pytest.Session, session: GpuClusterSession) -> Cal
         items = list(pytest_session.items)
         ids = [item.nodeid for item in items]
         start = ids.index(session.recorder.current_test) if session.recorder.current_test in ids else 0
-        return _planned(items[start:], session)
+        return planned_parts(items[start:], session)
 
     return parts
 
@@ -291,11 +258,11 @@ def job_part(planner: Planner) -> Any:
     that the first launch runs all the parts that run on the same ranks (``params``: the test's
     parameters). A part whose ranks skipped skips the test; a part that failed fails it.
     """
-    _PLANNERS[planner.__name__] = planner
+    PLANNERS[planner.__name__] = planner
 
     @pytest.fixture(name=planner.__name__)
     def fixture(request: pytest.FixtureRequest, gpucluster_session: GpuClusterSession) -> PartRun | None:
-        part = planner(gpucluster_session, _params(request.node))
+        part = planner(gpucluster_session, item_params(request.node))
         if part is None:
             return None  # nothing to launch: the cluster is not even built (--train-log, --nccl-log)
         shared: SharedJobs = request.getfixturevalue("shared_jobs")

@@ -1,6 +1,6 @@
 """pytest hooks of pytest-gpucluster: options, markers, session start, skips, header, summary.
 
-Hook glue only: the work lives in options.py, session.py, fixtures.py, results/ and launch/.
+Hook glue only: the work lives in options/, session/, fixtures.py, results/ and launch/.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pytest_gpucluster.results.model import Measurement, TestOutcome
 from pytest_gpucluster.results.recorder import NotMeasured, ThresholdFailure
 from pytest_gpucluster.results.text import failure_message
 from pytest_gpucluster.session import SESSION_KEY, GpuClusterSession
+from pytest_gpucluster.session.start import judge_nodes, probe_nodes, start_session
 
 _MEASUREMENT_PROPERTY = "gpucluster_measurement"
 _RELEVANT_PROPERTY = "gpucluster_test"
@@ -66,7 +67,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     try:
         settings = resolve_settings(config)
-        session = GpuClusterSession.start(config, settings)
+        session = start_session(config, settings)
     except GpuClusterError as exc:
         raise pytest.UsageError(f"gpucluster: {exc}") from None
     session.verbose = config.get_verbosity() > 0
@@ -120,17 +121,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if not gc.settings.dry_run:
         gc.check_leftovers(kill=gc.settings.reap)
     if not session.config.option.collectonly:
-        gc.probe()
-        _preflight(gc)
-
-
-def _preflight(gc: GpuClusterSession) -> None:
-    """Hold the profile and settings against every probed node (`session_preflight`); print the findings."""
-    from pytest_gpucluster.session_preflight import preflight_lines, run_preflight
-
-    gc.preflight = run_preflight(gc)
-    for line in preflight_lines(gc.preflight or [], dry_run=gc.settings.dry_run):
-        (gc.progress or print)(line)
+        probe_nodes(gc)
+        judge_nodes(gc)  # the preflight, then the usable nodes split from the rest (session/start.py)
 
 
 def _terminal_writer(config: pytest.Config) -> Any:
@@ -186,7 +178,7 @@ def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The plan of the selected tests (plan_items.py), before any test runs: results.json keeps it;
+    """The plan of the selected tests (session/plan.py), before any test runs: results.json keeps it;
     a dry run prints it as a table with its totals; ``--gpucluster-budget`` refuses a session whose
     estimate exceeds it, naming the jobs that cost most."""
     gc = session.config.stash.get(SESSION_KEY, None)
@@ -194,7 +186,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     if not (gc.settings.dry_run or gc.settings.budget is not None or session.items):
         return
-    from pytest_gpucluster.plan_items import dry_run_lines, session_plan
+    from pytest_gpucluster.session.plan import dry_run_lines, session_plan
 
     plan, errors = session_plan(list(session.items), gc)
     gc.recorder.header["plan"] = plan.to_json()
@@ -211,7 +203,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     session = config.stash.get(SESSION_KEY, None)
-    return session.header_lines() if session else []
+    from pytest_gpucluster.session.header import header_lines
+
+    return header_lines(session) if session else []
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -235,9 +229,9 @@ class _PreflightStops:
         gc = session.config.stash.get(SESSION_KEY, None)
         if gc is None or gc.is_xdist_worker or gc.settings.dry_run or session.config.option.collectonly:
             return None
-        from pytest_gpucluster.session_preflight import stop_outcome
+        from pytest_gpucluster.session.set_aside import stop_outcome
 
-        outcome = stop_outcome(gc.preflight or [])
+        outcome = stop_outcome(gc.split)
         if outcome is None:
             return None
         gc.recorder.add_outcome(outcome)
@@ -384,7 +378,7 @@ def pytest_runtestloop(session: pytest.Session) -> Generator[None, object, objec
         and not gc.settings.dry_run
         and not (session.shouldstop or session.shouldfail)
     ):
-        from pytest_gpucluster.retesting import retest_suspects
+        from pytest_gpucluster.session.retest import retest_suspects
 
         retest_suspects(session, gc)
     return result
@@ -402,7 +396,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if gc.settings.history is not None:
         from pytest_gpucluster.results.history.session_end import add_history_column
 
-        add_history_column(gc)
+        add_history_column(gc.settings.history, gc.hosts, gc.recorder)
 
     failed = any(o.category != "pass" and o.outcome in ("failed", "error") for o in gc.recorder.outcomes)
     mode = "warn" if gc.settings.regression_gate == "warn" else "fail"
@@ -415,7 +409,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if gc.settings.history is not None:
         from pytest_gpucluster.results.history.session_end import append_run
 
-        gc.history_line = append_run(gc)
+        gc.history_line = append_run(gc.settings.history, gc.recorder)
     if gc.settings.drain:
         from pytest_gpucluster.burnin.drain import SUSPECTS_FILE, drain_listed
 

@@ -14,15 +14,25 @@ real machine. No pytest, no torch.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from pytest_gpucluster.cluster.node_facts import ClusterFacts, NodeFacts, node_facts
 from pytest_gpucluster.errors import GpuClusterError, JobFailed
 
-__all__ = ["PROBE_FILE", "PROBE_WORKLOAD", "SYSFS_ROOT_ENV", "probe_cluster", "probe_here", "probe_options"]
+__all__ = [
+    "PROBE_FILE",
+    "PROBE_WORKLOAD",
+    "SYSFS_ROOT_ENV",
+    "probe_cluster",
+    "probe_here",
+    "probe_options",
+    "read_probe_file",
+]
 
 PROBE_WORKLOAD = "pytest_gpucluster.workloads.node_probe:probe"
 PROBE_FILE = "probe.json"
@@ -49,6 +59,14 @@ def probe_here(options: Mapping[str, Any]) -> ClusterFacts:
     return ClusterFacts(
         (node_facts(record),), "this machine (read in the pytest process: every host is local)"
     )
+
+
+def read_probe_file(results_dir: Path) -> ClusterFacts | None:
+    """The controller's facts, left in ``probe.json`` for the xdist workers; None when absent."""
+    path = results_dir / PROBE_FILE
+    if not path.is_file():
+        return None
+    return ClusterFacts.from_json(json.loads(path.read_text(encoding="utf-8")))
 
 
 def _salvage(hosts: Sequence[str], exc: GpuClusterError) -> ClusterFacts:

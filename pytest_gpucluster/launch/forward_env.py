@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import re
 from collections.abc import Iterable, Mapping, Sequence
 
-from pytest_gpucluster.errors import SettingsError
+from pytest_gpucluster.profiles.fields import check_pattern
 
 __all__ = ["DEFAULT_PATTERNS", "NEVER_BY_DEFAULT", "check_pattern", "forward_patterns", "forwarded_env"]
 
@@ -49,18 +48,6 @@ DEFAULT_PATTERNS: tuple[str, ...] = (
 )
 NEVER_BY_DEFAULT = frozenset({"CUDA_VISIBLE_DEVICES"})
 """Matched by a default pattern but left to the node: forwarded only when a pattern names it exactly."""
-_PATTERN = re.compile(r"^[A-Za-z_*?][A-Za-z0-9_*?]*$")
-
-
-def check_pattern(pattern: str, where: str) -> str:
-    """``pattern`` stripped, or a SettingsError naming ``where`` it came from and what is allowed."""
-    text = pattern.strip()
-    if not _PATTERN.match(text):
-        raise SettingsError(
-            f"{where}: {pattern!r} is not a variable name or pattern (letters, digits, '_', and the "
-            "wildcards '*' and '?', e.g. 'MY_SITE_*')"
-        )
-    return text
 
 
 def forward_patterns(*extra: Iterable[str]) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from pytest_gpucluster.errors import ParseError
-from pytest_gpucluster.parsers.dcgm_diag import DiagReport, DiagResult, normalize_status
+from pytest_gpucluster.parsers.dcgm_diag_model import DiagReport, DiagResult, normalize_status
 
 __all__ = ["parse_dcgm_diag_text"]
 

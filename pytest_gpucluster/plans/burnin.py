@@ -118,7 +118,7 @@ def dcgm_options(level: int, timeout_s: float) -> dict[str, object]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The jobs burn-in tests launch themselves, as the plan counts them (plan_items.launches)
+# The jobs burn-in tests launch themselves, as the plan counts them (session.plan.launches)
 # ---------------------------------------------------------------------------------------------
 
 DCGM_LEVEL_ESTIMATE_S = {1: 30.0, 2: 120.0, 3: 1800.0, 4: 7200.0}

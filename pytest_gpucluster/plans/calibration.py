@@ -9,7 +9,7 @@ in a run of the same profile and the same tier (the tier sets the durations: a q
 standard one of the same name are not the same work). Anything else keeps the formula. The table
 says which is which (``measured 2026-11-27`` or ``estimated``).
 
-Pure: no pytest, no torch, no file access (`plan_items.recorded_run` reads the files).
+Pure: no pytest, no torch, no file access (`session.plan` reads the files).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 __all__ = ["RecordedJob", "RecordedRun", "launch_key", "recorded_run", "tier_of"]
 
 _TIER_KEYS = ("name", "sweep", "load_s", "numerics_s", "soak_s")
-"""What of results.json's ``tier`` (`session_header`) sets the work of a job: its name and durations."""
+"""What of results.json's ``tier`` (`session.header`) sets the work of a job: its name and durations."""
 
 LaunchKey = tuple[tuple[str, ...], int, int]
 """A launch as calibration matches it: its part names (sorted), nodes, ranks per node."""
@@ -114,7 +114,7 @@ def recorded_run(data: Mapping[str, Any], source: str) -> RecordedRun:
 
 
 def tier_of(record: Any) -> tuple[Any, ...] | None:
-    """The tier's name and durations from a ``tier`` record (results.json's, `session_header`)."""
+    """The tier's name and durations from a ``tier`` record (results.json's, `session.header`)."""
     if not isinstance(record, Mapping):
         return None
     return tuple(record.get(key) for key in _TIER_KEYS)

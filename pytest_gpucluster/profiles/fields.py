@@ -4,10 +4,12 @@ base model that refuses unknown keys (a typo such as ``min_bwsbw`` must not disa
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
+from pytest_gpucluster.errors import SettingsError
 from pytest_gpucluster.profiles.quantities import (
     parse_bandwidth,
     parse_bytes,
@@ -50,3 +52,19 @@ Capability = Literal["cuda", "nccl", "nvml", "nvlink", "ib", "roce", "efa", "slu
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+
+_PATTERN = re.compile(r"^[A-Za-z_*?][A-Za-z0-9_*?]*$")
+
+
+def check_pattern(pattern: str, where: str) -> str:
+    """An environment variable name or shell-style pattern (the profile's ``launch.forward_env``,
+    ``--forward-env``): ``pattern`` stripped, or a SettingsError naming ``where`` it came from and
+    what is allowed. Here, below both the profiles and `launch.forward_env`, which use it."""
+    text = pattern.strip()
+    if not _PATTERN.match(text):
+        raise SettingsError(
+            f"{where}: {pattern!r} is not a variable name or pattern (letters, digits, '_', and the "
+            "wildcards '*' and '?', e.g. 'MY_SITE_*')"
+        )
+    return text

@@ -9,6 +9,7 @@ from pydantic import BeforeValidator, Field, field_validator
 
 from pytest_gpucluster.profiles.fields import (
     Section,
+    check_pattern,
 )
 from pytest_gpucluster.profiles.quantities import (
     parse_fraction,
@@ -72,6 +73,4 @@ class LaunchSection(Section):
     @field_validator("forward_env")
     @classmethod
     def _patterns(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
-        from pytest_gpucluster.launch.forward_env import check_pattern
-
         return tuple(check_pattern(p, "launch.forward_env") for p in patterns)

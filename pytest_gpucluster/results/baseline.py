@@ -77,7 +77,7 @@ class RunResults:
     """With ``--gpucluster-history``: each node's failures in the last runs of the store before
     this one (``results/history/column.py``), for the report's node matrix."""
     tier: dict[str, Any] | None = None
-    """The run's tier and its durations (``session_header``)."""
+    """The run's tier and its durations (``session.header``)."""
     jobs: tuple[dict[str, Any], ...] = ()
     """Each job's parts, nodes x ranks, estimate and real time (``harness.job_timing``): what a
     later dry run calibrates its plan with (``plans/calibration.py``)."""

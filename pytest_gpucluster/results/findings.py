@@ -47,9 +47,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pytest_gpucluster.burnin.drain import Suspect
-from pytest_gpucluster.results.model import Measurement, TestOutcome
+from pytest_gpucluster.results.model import PREFLIGHT_TEST_ID, Measurement, TestOutcome
 from pytest_gpucluster.results.text import failure_message, format_value
-from pytest_gpucluster.session_preflight import PREFLIGHT_TEST_ID
 
 __all__ = [
     "ACTIONS",

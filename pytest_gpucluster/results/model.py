@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 __all__ = [
+    "PREFLIGHT_TEST_ID",
     "PROBLEMS",
     "READABLE_VERSIONS",
     "SCHEMA_VERSION",
@@ -306,6 +307,11 @@ def _spread_json(spread: Spread) -> dict[str, Any]:
         "values": list(spread.values),
         **({"times": list(spread.times)} if spread.times else {}),
     }
+
+
+PREFLIGHT_TEST_ID = "gpucluster::preflight"
+"""The outcome a session that stops before launch records in results.json, in place of the tests
+it did not run (`session.set_aside`); the findings read it (`results.findings`)."""
 
 
 @dataclass(frozen=True, slots=True)

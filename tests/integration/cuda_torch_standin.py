@@ -17,9 +17,9 @@ import dataclasses
 import os
 from typing import Any
 
-from pytest_gpucluster import session
 from pytest_gpucluster.cluster.probe import probe_here, probe_options
 from pytest_gpucluster.profiles.detect import MachineInfo, detect_machine
+from pytest_gpucluster.session import start
 from pytest_gpucluster.workloads import node_probe
 
 
@@ -43,4 +43,4 @@ def _cuda_machine() -> MachineInfo:
     return dataclasses.replace(machine, cuda_available=bool(names), gpu_names=names, capabilities=caps)
 
 
-session.detect_machine = _cuda_machine
+start.detect_machine = _cuda_machine

@@ -32,6 +32,6 @@ def facts_of(machine: MachineInfo) -> ClusterFacts:
 def use_machine(monkeypatch: pytest.MonkeyPatch, machine: MachineInfo) -> None:
     """The session's machine and every node's probe are ``machine`` (``facts_of`` it)."""
     facts = facts_of(machine)
-    monkeypatch.setattr("pytest_gpucluster.session.detect_machine", lambda: machine)
+    monkeypatch.setattr("pytest_gpucluster.session.start.detect_machine", lambda: machine)
     monkeypatch.setattr("pytest_gpucluster.cluster.probe.probe_here", lambda options: facts)
     monkeypatch.setattr("pytest_gpucluster.cluster.probe.probe_cluster", lambda *a, **k: facts)

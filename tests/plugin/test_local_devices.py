@@ -16,7 +16,7 @@ def test_slice(local_devices):
 def eight_gpus(monkeypatch):
     fake = detect.MachineInfo(hostname="node0", cuda_available=True, gpu_names=("NVIDIA H100 80GB HBM3",) * 8)
     monkeypatch.setattr(detect, "detect_machine", lambda: fake)
-    monkeypatch.setattr("pytest_gpucluster.session.detect_machine", lambda: fake)
+    monkeypatch.setattr("pytest_gpucluster.session.start.detect_machine", lambda: fake)
 
 
 @pytest.mark.parametrize(("worker", "expected"), [("gw0", "0,1,2,3"), ("gw1", "4,5,6,7")])

@@ -102,8 +102,8 @@ def test_the_history_store_calibrates_with_its_newest_run_of_the_same_profile_an
     import json
     from pathlib import Path
 
-    from pytest_gpucluster.plan_items import _from_history
     from pytest_gpucluster.results.history import record_run
+    from pytest_gpucluster.session.plan import _from_history
 
     real = json.loads((Path(__file__).parents[1] / "data" / "results" / "cpu_local_run.json").read_text())
     quick, standard = tmp_path / "quick.json", tmp_path / "standard.json"

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from pytest import Session
 
     from pytest_gpucluster.plans.tiers import TierDurations
-    from pytest_gpucluster.session import GpuClusterSession
+    from pytest_gpucluster.session.core import GpuClusterSession
 
 __all__ = ["keep_confirmed", "retest_suspects"]
 

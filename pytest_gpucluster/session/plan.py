@@ -1,8 +1,9 @@
-"""The session's plan from the selected tests: which job parts they would launch, in which tier.
+"""The last stage of the session's start: the selected tests on the usable nodes -> the session's
+plan (which job parts they would launch, in which tier).
 
 Reads the pytest items the plugin collected (duck-typed: this module does not import pytest) and
-asks each test's planners: the `fixtures.job_part` planners of the fixtures it uses, and the
-`launches` planner of a test that launches its jobs itself. The result is a
+asks each test's planners: the `fixtures.job_part` planners of the fixtures it uses (registered
+here, in `PLANNERS`), and the `launches` planner of a test that launches its jobs itself. The result is a
 `plans.session_plan.SessionPlan`: the dry run prints it, ``--gpucluster-budget`` judges it, and
 results.json keeps it. An earlier run's job times calibrate it (`calibration_run`: the
 ``--baseline`` file, else the newest run of the ``--gpucluster-history`` store).
@@ -15,22 +16,69 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_gpucluster.fixtures import _params, _planned
+from pytest_gpucluster.cluster.probe import PROBE_WORK_S
 from pytest_gpucluster.harness import Part
 from pytest_gpucluster.plans.calibration import RecordedRun, recorded_run, tier_of
 from pytest_gpucluster.plans.session_plan import PlannedJob, SessionPlan
 from pytest_gpucluster.plans.startup import expected_startup_s
-from pytest_gpucluster.probing import PROBE_WORK_S, all_local
 from pytest_gpucluster.profiles.findings import seconds
-from pytest_gpucluster.session import GpuClusterSession
+from pytest_gpucluster.session.core import GpuClusterSession
+from pytest_gpucluster.session.probe import all_local
 
-__all__ = ["PLAN_COUNT", "calibration_run", "dry_run_lines", "item_tier", "launches", "session_plan"]
+__all__ = [
+    "PLANNERS",
+    "PLAN_COUNT",
+    "Planner",
+    "calibration_run",
+    "dry_run_lines",
+    "item_params",
+    "item_tier",
+    "launches",
+    "planned_parts",
+    "session_plan",
+]
 
 PROBE_EXPECTED_WORK_S = 5.0
 """What the plan counts for the node probe's work beyond its start-up (its deadline counts
 ``PROBE_WORK_S``): one rank per node reading NVML, versions, interfaces and RDMA ports."""
 PLAN_COUNT = "plan_count"
 """Option of a planned part standing for that many alike jobs (never launched as such)."""
+
+
+Planner = Callable[[GpuClusterSession, Mapping[str, Any]], Part | None]
+"""What a test needs run, from the session and the test's parameters (None: nothing)."""
+
+PLANNERS: dict[str, Planner] = {}
+"""Fixture name -> planner, for every fixture `fixtures.job_part` made: the harness's look-ahead."""
+
+
+def item_params(item: Any) -> Mapping[str, Any]:
+    """A collected test's parameters (``callspec.params``; empty when it has none)."""
+    callspec = getattr(item, "callspec", None)
+    return callspec.params if callspec is not None else {}
+
+
+def planned_parts(
+    items: list[Any], session: GpuClusterSession, errors: list[str] | None = None
+) -> list[Part]:
+    """The parts the tests of ``items`` would run (tests that will skip for what the session
+    lacks left out), in test order. A planner that raises is left out (its test reports the
+    error when it runs); ``errors`` collects ``test: error`` for those."""
+    found = []
+    for item in items:
+        names = [n for n in getattr(item, "fixturenames", ()) if n in PLANNERS]
+        if not names or item.get_closest_marker("skip") or session.unmet_requirements(item):
+            continue
+        for name in names:
+            try:
+                part = PLANNERS[name](session, item_params(item))
+            except Exception as exc:
+                if errors is not None:
+                    errors.append(f"{item.nodeid}: {exc}")
+                continue
+            if part is not None:
+                found.append(part)
+    return found
 
 
 LaunchPlanner = Callable[[GpuClusterSession, Mapping[str, Any]], list[Part]]
@@ -66,7 +114,7 @@ def item_tier(item: Any) -> str:
 
 def _plan_only(item: Any, session: GpuClusterSession) -> list[Part]:
     planner = getattr(getattr(item, "function", None), "_gpucluster_launches", None)
-    return list(planner(session, _params(item)) or []) if planner is not None else []
+    return list(planner(session, item_params(item)) or []) if planner is not None else []
 
 
 def session_plan(items: list[Any], session: GpuClusterSession) -> tuple[SessionPlan, list[str]]:
@@ -89,7 +137,7 @@ def session_plan(items: list[Any], session: GpuClusterSession) -> tuple[SessionP
             continue
         tier = item_tier(item)
         try:
-            parts = _planned([item], session, errors) + _plan_only(item, session)
+            parts = planned_parts([item], session, errors) + _plan_only(item, session)
         except Exception as exc:  # a planner's bad input: its test reports it when it runs
             errors.append(f"{item.nodeid}: {exc}")
             continue

@@ -1,23 +1,19 @@
 """The session object: owns the resolved settings, the profile, the detected machine, the
-cluster handle, the per-node facts, the results recorder and the baseline. `plugin.py` creates
-one per pytest process and keeps it under `SESSION_KEY`; fixtures and acceptance modules read it
-with `get_session`.
+cluster handle, the per-node facts, the results recorder and the baseline. `session.start`
+builds one per pytest process from the stages of the session's start (spec, probe, choose,
+preflight, set aside); `plugin.py` keeps it under `SESSION_KEY`; fixtures and acceptance modules
+read it with `get_session`.
 
 The nodes are judged on what the per-node probe found on them (`cluster.probe`), never on the
-machine pytest runs on, which is usually a login node without GPUs: the controller probes once at
-session start (`GpuClusterSession.probe`, or at configure time for ``--hw=auto`` on remote hosts,
-which needs the nodes' GPUs to pick a profile) and leaves ``probe.json`` in the results directory
-for pytest-xdist workers.
-
-What the report header and results.json's header say about the session is built in
-`session_header`.
+machine pytest runs on, which is usually a login node without GPUs. The stages below it are plain
+functions of plain values; this module imports them, never the modules above it (`session.plan`,
+`session.header`, `session.retest`, `session.start`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -26,22 +22,16 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_gpucluster import session_header
 from pytest_gpucluster.cluster.node_facts import ClusterFacts
 from pytest_gpucluster.errors import GpuClusterError, SettingsError
 from pytest_gpucluster.options import Settings
-from pytest_gpucluster.plans.tiers import TierDurations, run_tier, tier_durations
-from pytest_gpucluster.probing import (
-    PROBE_WORK_S,
-    all_local,
-    allocation_cpus,
-    as_machine,
-    gpu_models,
-    probe_for_auto,
-)
-from pytest_gpucluster.profiles.detect import MachineInfo, choose_profile, detect_machine, shape_to_nodes
-from pytest_gpucluster.profiles.loader import LoadedProfile, load_profile
+from pytest_gpucluster.plans.tiers import TierDurations
+from pytest_gpucluster.profiles.detect import MachineInfo
+from pytest_gpucluster.profiles.loader import LoadedProfile
 from pytest_gpucluster.results.recorder import Recorder
+from pytest_gpucluster.session.probe import all_local, allocation_cpus
+from pytest_gpucluster.session.set_aside import NodeSplit
+from pytest_gpucluster.session.spec import NodeList, listed_hosts
 
 if TYPE_CHECKING:
     from pytest_gpucluster.cluster.preflight import PreflightFinding
@@ -49,9 +39,6 @@ if TYPE_CHECKING:
     from pytest_gpucluster.results.baseline import RunResults
     from pytest_gpucluster.results.gate import Tolerances
     from pytest_gpucluster.results.report import Finished
-
-RESULTS_DIR_ENV = "_GPUCLUSTER_SESSION_RESULTS_DIR"
-"""Set by the controlling process so pytest-xdist workers write into the same results directory."""
 
 
 @dataclass
@@ -62,6 +49,8 @@ class GpuClusterSession:
     profile_reason: str
     results_dir: Path
     recorder: Recorder
+    nodes: NodeList
+    """The nodes the session was given (`session.spec`)."""
     is_xdist_worker: bool = False
     baseline: RunResults | None = None
     """The ``--baseline`` results file, read at start-up (an unreadable one is a usage error)."""
@@ -75,13 +64,15 @@ class GpuClusterSession:
     probed: ClusterFacts | None = None
     """The per-node probe's facts once taken (or read from the controller's ``probe.json``)."""
     not_probed: str | None = None
-    preflight: list[PreflightFinding] | None = None
-    """The preflight's findings on the probed nodes (`session_preflight`); None when not judged."""
     """Why the nodes were not probed (a dry run), for skip reasons and the header."""
+    preflight: list[PreflightFinding] | None = None
+    """The preflight's findings on the probed nodes (`session.preflight`); None when not judged."""
+    split: NodeSplit | None = None
+    """The nodes the session runs on, and whether it stops before launch (`session.set_aside`)."""
     history_line: str = ""
+    """What appending this run to ``--gpucluster-history`` did, for the summary."""
     drain_lines: list[str] = field(default_factory=list)
     """What ``--gpucluster-drain`` did at the end of the session (`burnin.drain.drain_listed`)."""
-    """What appending this run to ``--gpucluster-history`` did, for the summary."""
     tier: TierDurations | None = None
     """The run's tier (``-m quick|standard|burnin``, `plans.tiers`) and its durations."""
     verbose: bool = False
@@ -91,78 +82,9 @@ class GpuClusterSession:
     only_hosts: tuple[str, ...] = ()
     """While suspects are retested: the nodes the session's cluster is narrowed to (`retest_on`)."""
 
-    @classmethod
-    def start(cls, config: pytest.Config, settings: Settings) -> GpuClusterSession:
-        machine = detect_machine()
-        extra_dirs = [settings.thresholds_dir] if settings.thresholds_dir else []
-        results_dir = _results_dir(settings)
-        # xdist workers and the ranks of a world_size(n) test report to a parent that owns results.json
-        worker = hasattr(config, "workerinput") or os.environ.get("GPUCLUSTER_RANK_SIDE") == "1"
-        hw, probed = settings.hw, None
-        if hw == "auto":
-            probed = probe_for_auto(settings, results_dir, worker, _session_tag(config))
-            name, reason = choose_profile(as_machine(probed, machine), gpu_models(extra_dirs))
-        else:
-            name, reason = hw, f"--hw={hw} from {settings.source('hw')}"
-        profile = load_profile(name, extra_dirs)
-        if hw == "auto":
-            counts = [n.gpu_count for n in probed.nodes] if probed is not None else [machine.gpu_count]
-            profile, shaped = shape_to_nodes(profile, counts)
-            reason = f"{reason}; {shaped}" if shaped else reason
-        recorder = Recorder(path=results_dir / "results.json", persist=not worker)
-        session = cls(
-            settings=settings,
-            machine=machine,
-            profile=profile,
-            profile_reason=reason,
-            results_dir=results_dir,
-            recorder=recorder,
-            is_xdist_worker=worker,
-            session_tag=_session_tag(config),
-            probed=probed,
-            tier=tier_durations(profile.model, run_tier(config.getoption("markexpr", "") or "")),
-        )
-        recorder.header = session.header_record()
-        if probed is not None:
-            session._keep(probed)
-        return session
-
-    # ------------------------------------------------------------------ the per-node probe
-
-    def probe(self) -> ClusterFacts | None:
-        """Probe every node once (controller only; workers read the controller's ``probe.json``).
-
-        Every host this machine: read here, no launch. A dry run: the probe's commands are printed,
-        nothing is launched, and node requirements are not judged. Else one job through the
-        session's cluster; a failed build of the cluster (a bad hostfile) leaves the facts empty
-        and the tests that use the cluster fail on it.
-        """
-        from pytest_gpucluster.cluster.probe import PROBE_WORKLOAD, probe_cluster, probe_here, probe_options
-
-        if self.probed is not None or self.is_xdist_worker:
-            return self.node_facts
-        options = probe_options(self.forward_patterns)
-        cuda = self.profile.model.cluster.device == "cuda"
-        if self.settings.dry_run and cuda and not self.machine.cuda_available and all_local(self.hosts):
-            self.not_probed = f"this machine has no GPU to probe for profile {self.profile.name}"
-            return None
-        if all_local(self.hosts):
-            facts = probe_here(options)
-        elif self.cluster_error() is not None:
-            return None
-        elif self.settings.dry_run:
-            self.not_probed = "a dry run probes no node, so GPU counts and capabilities are not judged"
-            commands = self.cluster.commands_for(PROBE_WORKLOAD, nproc_per_node=1, options=options)
-            for command in commands if self.verbose else ():
-                (self.progress or print)(f"[dry run] probe: {command.host}: {command.shell_line()}")
-            return None
-        else:
-            timeout = self.rendezvous_deadline + PROBE_WORK_S
-            facts = probe_cluster(self.cluster, options, timeout_s=timeout)
-        self._keep(facts)
-        return facts
-
-    def _keep(self, facts: ClusterFacts) -> None:
+    def keep_facts(self, facts: ClusterFacts) -> None:
+        """Hold the probe's facts: results.json's header, ``probe.json`` for the xdist workers, the
+        Slurm launcher's CPUs per node."""
         from pytest_gpucluster.cluster.probe import PROBE_FILE
         from pytest_gpucluster.workloads._runtime import write_json_atomic
 
@@ -185,14 +107,12 @@ class GpuClusterSession:
     def node_facts(self) -> ClusterFacts | None:
         """The nodes' facts: probed here, or the controller's ``probe.json`` (xdist workers, ranks)."""
         if self.probed is None and self.is_xdist_worker:
-            from pytest_gpucluster.cluster.probe import PROBE_FILE, probe_here, probe_options
+            from pytest_gpucluster.cluster.probe import probe_here, probe_options, read_probe_file
 
-            path = self.results_dir / PROBE_FILE
-            if path.is_file():
-                import json
-
-                self.probed = ClusterFacts.from_json(json.loads(path.read_text(encoding="utf-8")))
-            elif all_local(self.hosts) or os.environ.get("GPUCLUSTER_RANK_SIDE") == "1":
+            self.probed = read_probe_file(self.results_dir)
+            if self.probed is None and (
+                all_local(self.hosts) or os.environ.get("GPUCLUSTER_RANK_SIDE") == "1"
+            ):
                 self.probed = probe_here(probe_options(self.forward_patterns))
         return self.probed
 
@@ -208,10 +128,6 @@ class GpuClusterSession:
         from pytest_gpucluster.launch.job import rendezvous_deadline
 
         return rendezvous_deadline(max(len(self.hosts), 1), self.settings.rendezvous_timeout)
-
-    def header_record(self) -> dict[str, Any]:
-        """results.json's header: profile, settings with sources, fingerprint, NCCL env, gate."""
-        return session_header.header_record(self)
 
     @cached_property
     def tolerances(self) -> Tolerances:
@@ -262,14 +178,12 @@ class GpuClusterSession:
         env.update({k: v for k, v in os.environ.items() if k.startswith("NCCL_")})
         return env
 
-    @cached_property
+    @property
     def hostfile(self) -> Any:
-        path = self.settings.hostfile
-        if path is None:
-            return None
-        from pytest_gpucluster.cluster.hostfile import read_hostfile
-
-        return read_hostfile(path)
+        """The parsed ``--hostfile`` (None without one); one that cannot be read raises its error."""
+        if self.nodes.error is not None:
+            raise self.nodes.error
+        return self.nodes.hostfile
 
     @property
     def hosts(self) -> list[str]:
@@ -277,13 +191,7 @@ class GpuClusterSession:
         return [h for h in hosts if h in self.only_hosts] if self.only_hosts else hosts
 
     def _all_hosts(self) -> list[str]:
-        if self.hostfile is not None:
-            return list(self.hostfile.hosts)
-        if os.environ.get("SLURM_JOB_NODELIST") and self.settings.launcher == "slurm":
-            from pytest_gpucluster.cluster.nodelist import expand_nodelist
-
-            return expand_nodelist(os.environ["SLURM_JOB_NODELIST"])
-        return [self.machine.hostname]
+        return listed_hosts(self.hostfile, self.settings, self.machine.hostname)
 
     def retest_on(self, hosts: tuple[str, ...]) -> None:
         """Narrow the session's cluster to ``hosts`` (the suspects to retest); () widens it again.
@@ -303,10 +211,6 @@ class GpuClusterSession:
     @property
     def backend(self) -> str:
         return self.profile.model.cluster.backend
-
-    def header_lines(self) -> list[str]:
-        """The lines pytest's report header shows for this session."""
-        return session_header.header_lines(self)
 
     progress: Callable[[str], None] | None = None
     """Where rank 0's progress lines go (the terminal, set by the plugin)."""
@@ -428,31 +332,3 @@ def get_session(config: pytest.Config) -> GpuClusterSession:
         return config.stash[SESSION_KEY]
     except KeyError:
         raise pytest.UsageError("gpucluster: the plugin did not start (see the error above)") from None
-
-
-def _session_tag(config: pytest.Config) -> str:
-    """This run's owner: the xdist controller for a worker, the job's session on a rank."""
-    from pytest_gpucluster.launch.leftovers import SessionTag
-    from pytest_gpucluster.workloads._runtime import SESSION_ENV
-
-    if os.environ.get("GPUCLUSTER_RANK_SIDE") == "1" and os.environ.get(SESSION_ENV):
-        return os.environ[SESSION_ENV]
-    if hasattr(config, "workerinput"):
-        try:
-            return str(SessionTag.of_process(os.getppid()))
-        except ProcessLookupError:
-            pass  # the controller is gone already; this worker is on its own
-    return str(SessionTag.of_process())
-
-
-def _results_dir(settings: Settings) -> Path:
-    explicit = settings.results_dir
-    if explicit is not None:
-        path = Path(explicit)
-    elif os.environ.get(RESULTS_DIR_ENV):
-        path = Path(os.environ[RESULTS_DIR_ENV])
-    else:
-        path = Path("gpucluster-results") / time.strftime("%Y%m%d-%H%M%S")
-    path = path.resolve()
-    os.environ[RESULTS_DIR_ENV] = str(path)
-    return path

@@ -2,8 +2,7 @@
 header record results.json keeps (`header_record`: profile, settings with their sources,
 fingerprint, redacted NCCL environment, regression tolerances).
 
-Reads a `GpuClusterSession`, changes nothing in it. Must not import pytest (only `session` and the
-plugin glue do).
+Reads a `GpuClusterSession`, changes nothing in it; `session.start` and the plugin call it.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_gpucluster.results.fingerprint import fingerprint, redact
 
 if TYPE_CHECKING:
-    from pytest_gpucluster.session import GpuClusterSession
+    from pytest_gpucluster.session.core import GpuClusterSession
 
 
 def header_record(session: GpuClusterSession) -> dict[str, Any]:

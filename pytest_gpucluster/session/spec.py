@@ -1,0 +1,79 @@
+"""Stage 1 of the session's start: the settings -> the nodes the session is given (`NodeList`).
+
+The hosts of ``--hostfile``, else of the Slurm allocation pytest runs in (``--launcher slurm``
+with ``SLURM_JOB_NODELIST``), else this machine; in their order (the first hosts the
+rendezvous). A hostfile that cannot be read is kept as the list's ``error``: the session still
+starts, and the tests that use the cluster fail on it.
+
+Plain values in and out; imports nothing else of `session/`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pytest_gpucluster.errors import GpuClusterError
+
+if TYPE_CHECKING:
+    from pytest_gpucluster.options import Settings
+
+__all__ = ["NodeList", "listed_hosts", "node_list"]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeList:
+    """The nodes the session is given, in launch order, and where the list comes from."""
+
+    hosts: tuple[str, ...]
+    source: str
+    """``hostfile <path>``, ``Slurm allocation (SLURM_JOB_NODELIST)`` or ``this machine``."""
+    hostfile: Any = None
+    """The parsed `cluster.hostfile.Hostfile`, when the list comes from one."""
+    error: GpuClusterError | None = None
+    """Why the list could not be read (a bad hostfile); ``hosts`` is then empty."""
+    local: bool = False
+    """Every host is this machine: the pytest process reads itself, nothing is launched."""
+
+
+def listed_hosts(
+    hostfile: Any, settings: Settings, hostname: str, environ: Mapping[str, str] | None = None
+) -> list[str]:
+    """The hosts of a parsed hostfile, else of the Slurm allocation, else ``hostname``."""
+    env = os.environ if environ is None else environ
+    if hostfile is not None:
+        return list(hostfile.hosts)
+    if env.get("SLURM_JOB_NODELIST") and settings.launcher == "slurm":
+        from pytest_gpucluster.cluster.nodelist import expand_nodelist
+
+        return expand_nodelist(env["SLURM_JOB_NODELIST"])
+    return [hostname]
+
+
+def node_list(settings: Settings, hostname: str, environ: Mapping[str, str] | None = None) -> NodeList:
+    """The session's nodes from ``settings`` (module docstring)."""
+    from pytest_gpucluster.launch.base import is_local_host
+
+    env = os.environ if environ is None else environ
+    hostfile = None
+    if settings.hostfile is not None:
+        from pytest_gpucluster.cluster.hostfile import read_hostfile
+
+        source = f"hostfile {settings.hostfile}"
+        try:
+            hostfile = read_hostfile(settings.hostfile)
+        except GpuClusterError as exc:
+            return NodeList((), source, error=exc)
+        hosts = tuple(hostfile.hosts)
+    elif env.get("SLURM_JOB_NODELIST") and settings.launcher == "slurm":
+        from pytest_gpucluster.cluster.nodelist import expand_nodelist
+
+        source, hosts = (
+            "Slurm allocation (SLURM_JOB_NODELIST)",
+            tuple(expand_nodelist(env["SLURM_JOB_NODELIST"])),
+        )
+    else:
+        source, hosts = "this machine", (hostname,)
+    return NodeList(hosts, source, hostfile, local=all(is_local_host(h) for h in hosts))
