@@ -63,15 +63,25 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _chromium(site: Path, *args: str, tmp: Path) -> str:
-    argv = [
-        str(CHROMIUM),
-        *headless_flags(1280, 900),
-        "--virtual-time-budget=3000",  # the theme's scripts run before the DOM is dumped or drawn
-        f"--user-data-dir={tmp / 'profile'}",
-        *args,
-    ]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True).stdout
+@pytest.fixture(scope="module")
+def opened(site: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, Path]]:
+    """Each page opened once in headless Chromium: its DOM after the scripts ran, and a screenshot."""
+    tmp = tmp_path_factory.mktemp("chromium")
+    out = {}
+    for name in PAGES:
+        png = tmp / (name.replace("/", "-") + ".png")
+        argv = [
+            str(CHROMIUM),
+            *headless_flags(1280, 900),
+            "--virtual-time-budget=3000",  # the theme's scripts run before the DOM is dumped and drawn
+            f"--user-data-dir={tmp / 'profile'}",
+            f"--screenshot={png}",
+            "--dump-dom",
+            (site / name).as_uri(),
+        ]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True)
+        out[name] = (done.stdout, png)
+    return out
 
 
 def _text(fragment: str) -> str:
@@ -110,10 +120,9 @@ def _broken_links(site: Path, page: Path, dom: str) -> list[str]:
 
 @pytest.mark.parametrize("name", list(PAGES))
 def test_the_page_renders_with_its_headings_and_no_broken_internal_link(
-    site: Path, name: str, tmp_path: Path
+    site: Path, opened: dict[str, tuple[str, Path]], name: str
 ) -> None:
-    page = site / name
-    dom = _chromium(site, "--dump-dom", page.as_uri(), tmp=tmp_path)
+    dom, _ = opened[name]
     title, sections = PAGES[name]
     assert _headings(dom, 1) == [title]
     h2 = _headings(dom, 2)
@@ -121,23 +130,24 @@ def test_the_page_renders_with_its_headings_and_no_broken_internal_link(
     assert 'class="md-nav' in dom and "Reference" in dom  # the theme's navigation was drawn
     # and its scripts ran from file:// (the built page says class="no-js"; the theme's script replaces it)
     assert re.search(r'<html[^>]*class="[^"]*\bjs\b', dom)
-    assert _broken_links(site, page, dom) == []
+    assert _broken_links(site, site / name, dom) == []
     links = re.findall(r'href="([^"#:]+\.html)', dom)
     assert len(links) > 20  # the nav and the page's own links were all checked above
 
 
-def test_a_screenshot_of_each_page_is_a_drawn_page(site: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", list(PAGES))
+def test_a_screenshot_of_the_page_is_a_drawn_page(opened: dict[str, tuple[str, Path]], name: str) -> None:
     pil = pytest.importorskip("PIL.Image", reason="Pillow reads the screenshots (it comes with matplotlib)")
-    for name in PAGES:
-        png = tmp_path / (name.replace("/", "-") + ".png")
-        _chromium(site, f"--screenshot={png}", (site / name).as_uri(), tmp=tmp_path)
-        with pil.open(png) as image:
-            assert image.size == (1280, 900)
-            colours = image.convert("RGB").getcolors(maxcolors=1 << 16)
-            # a blank or unstyled page has a handful of colours; text, the header bar and code spans many
-            assert colours is None or len(colours) > 50, f"{name}: {len(colours)} colours"
-            header = image.convert("RGB").getpixel((640, 10))
-        assert header != (255, 255, 255), f"{name}: no header bar, the theme's stylesheet did not load"
+    _, png = opened[name]
+    with pil.open(png) as image:
+        rgb = image.convert("RGB")
+    assert rgb.size == (1280, 900)
+    colours = rgb.getcolors(maxcolors=1 << 16)
+    # a blank or unstyled page has a handful of colours; text, the header bar and code spans many
+    assert colours is None or len(colours) > 50, f"{name}: {len(colours)} colours"
+    assert rgb.getpixel((640, 10)) != (255, 255, 255), (
+        f"{name}: no header bar, the theme's stylesheet did not load"
+    )
 
 
 def test_the_link_checker_names_a_missing_page_and_a_missing_anchor(tmp_path: Path) -> None:
