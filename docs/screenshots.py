@@ -160,7 +160,7 @@ def _chart_page(report: Path, metric: str, page: Path) -> Path:
 
 
 def site(out: Path) -> None:
-    subprocess.run(["mkdocs", "build", "--strict", "--quiet"], cwd=REPO, check=True)
+    subprocess.run(["mkdocs", "build", "--strict"], cwd=REPO, check=True)
     built = REPO / "site"
     for name, path in (
         ("site-home.png", "index.html"),
