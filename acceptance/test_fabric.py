@@ -5,7 +5,12 @@
   ECC/XID counters), so they bracket the collective sweeps, the burn-in and the soak. An error
   counter that grew (symbol errors, link downed, receive errors, discards, queue drops...) fails,
   naming node, device and port; which ports count and what is allowed is the profile's ``fabric:``
-  section (verdicts: ``checks/fabric.py``).
+  section (verdicts: ``checks/fabric.py``). Where the machine running pytest reaches the
+  InfiniBand fabric (infiniband-diags installed, access to its management device), the whole fabric
+  is scanned too, switch ports included (``gpucluster fabric scan``; docs/how-to/ib-fabric.md): every
+  finding of the scan after the run, counters against the scan before it, is a ``fabric.ib.*`` check
+  naming the cable by both ends. ``GPUCLUSTER_IB_TOOL_PREFIX`` runs the tools under a wrapper
+  (``off``: no scan).
 - **soak** (``--gpucluster-soak 10m``): the gated busbw points of ``collectives.checks`` repeated for
   that long on their scopes — every node at once (intra-node), every disjoint node pair at once
   (inter-node), all nodes (full) — in timed samples. The lowest sample and the coefficient of
@@ -32,6 +37,7 @@ import pytest
 from pytest_gpucluster.checks import fabric
 from pytest_gpucluster.checks.burnin import dcgm, soak
 from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning, ParseError
+from pytest_gpucluster.fabric_scan import suite_checks, suite_reading
 from pytest_gpucluster.fixtures import run_with_deadline
 from pytest_gpucluster.parsers.fabric_ports import FabricSnapshot, parse_snapshot
 from pytest_gpucluster.plans import burnin as plans
@@ -42,6 +48,8 @@ from pytest_gpucluster.session.plan import launches
 pytestmark = pytest.mark.burnin
 FABRIC_BEFORE = pytest.StashKey[list[FabricSnapshot]]()
 """test_fabric_before's reading, for test_fabric_after (same process: same xdist worker)."""
+IB_FABRIC_BEFORE = pytest.StashKey[Any]()
+"""The fabric-wide scan before the run (`fabric_scan.suite_reading`), where the controller reaches it."""
 
 
 def _read_fabric(cluster: Any, session: Any, when: str) -> list[FabricSnapshot]:
@@ -86,6 +94,7 @@ def _fabric_plan(when: str) -> Any:
 def test_fabric_before(cluster: Any, gpucluster_session: Any, request: Any) -> None:
     """Every node's ports and interfaces before the run (conftest runs this first)."""
     request.config.stash[FABRIC_BEFORE] = _read_fabric(cluster, gpucluster_session, "before")
+    request.config.stash[IB_FABRIC_BEFORE] = suite_reading(gpucluster_session.progress or print)
 
 
 @launches(_fabric_plan("after"))
@@ -102,7 +111,8 @@ def test_fabric_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any
         write(f"fabric ports counted on {node}: {', '.join(ports) or 'none'}")
     for sentence in verdict.warnings:
         warnings.warn(GpuClusterWarning(sentence), stacklevel=1)
-    judge(list(verdict.checks), verdict.suspects)
+    ib_checks = suite_checks(request.config.stash.get(IB_FABRIC_BEFORE, None), hw, write)
+    judge([*verdict.checks, *ib_checks], verdict.suspects)
 
 
 def _soak_duration(session: Any) -> float | None:

@@ -263,6 +263,12 @@ def build_parser() -> argparse.ArgumentParser:
     from pytest_gpucluster.health_check import add_health_check_command
 
     add_health_check_command(sub)
+    from pytest_gpucluster.fabric_scan import FABRIC_ACTIONS, add_fabric_command
+    from pytest_gpucluster.results.fabric_localize import add_localize_command
+
+    if add_localize_command not in FABRIC_ACTIONS:
+        FABRIC_ACTIONS.append(add_localize_command)
+    add_fabric_command(sub)
     for register in EXTRA_COMMANDS:
         register(sub)
     return parser

@@ -17,6 +17,7 @@ from pytest_gpucluster.profiles.fields import (
     Size,
     Timeout,
 )
+from pytest_gpucluster.profiles.schema_ib import IbFabricSettings
 
 
 class SoakSettings(Section):
@@ -179,6 +180,10 @@ class FabricSection(Section):
         "clean; clear the counters and run again) or 'warn' (recorded and warned, not failed).",
     )
     source: str | None = Field(None, description="Where the allowances come from.")
+    ib: IbFabricSettings = Field(
+        default_factory=IbFabricSettings,
+        description="The InfiniBand fabric as cabled, for `gpucluster fabric scan`: rated link, rails, layout.",
+    )
 
     @field_validator("allowed_increase")
     @classmethod

@@ -9,7 +9,7 @@ code showed to be better:
   runs on every rank, far from the controller), and the node probe's controller side
   (`cluster.probe.probe_here`) reads this machine with the rank's own reader. The architecture's
   "workloads beside launch" made that read an upward import;
-- ``options/`` (the Settings), ``rank_tests``, ``testbed/`` and ``health_check`` are not named
+- ``options/`` (the Settings), ``rank_tests``, ``testbed/``, ``health_check`` and ``fabric_scan`` are not named
   there; they sit with checks, burnin, plans and the harness: each imports launch or burnin and is
   imported by the session or the glue.
 
@@ -38,7 +38,17 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("workloads",),  # the rank side (see the module docstring)
     ("profiles", "cluster"),
     ("launch",),
-    ("checks", "burnin", "plans", "harness", "options", "rank_tests", "testbed", "health_check"),
+    (
+        "checks",
+        "burnin",
+        "plans",
+        "harness",
+        "options",
+        "rank_tests",
+        "testbed",
+        "health_check",
+        "fabric_scan",
+    ),
     ("results",),  # records and report: the rest of results/
     ("session",),
     ("plugin", "fixtures", "cli"),

@@ -117,6 +117,33 @@ def cmd_trend(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_add_fabric(args: argparse.Namespace) -> int:
+    from pytest_gpucluster.results.history.cables import add_fabric_scan
+
+    with HistoryStore.open(_db(args)) as store:
+        for name in args.scans:
+            result = add_fabric_scan(store, Path(name))
+            state = "added as" if result.added else "already stored as"
+            print(f"{name}: {state} fabric scan #{result.run_id} ({result.measurements} findings)")
+    return 0
+
+
+def cmd_cables(args: argparse.Namespace) -> int:
+    from pytest_gpucluster.results.history.cables import failing_cables
+
+    with HistoryStore.open(_db(args), create=False) as store:
+        cables = failing_cables(store, window=args.last, recurring=args.recurring)
+        scans = store.query("SELECT COUNT(*) FROM fabric_scans")[0][0]
+    print(
+        f"cables failing in {args.recurring}+ of the last {min(scans, args.last)} fabric scan(s): {len(cables) or 'none'}"
+    )
+    for cable in cables:
+        print(cable.line())
+        for line in cable.lines:
+            print(f"  {line}")
+    return 1 if cables else 0
+
+
 def _rate(text: str) -> float:
     try:
         value = float(text.removesuffix("%")) / (100 if text.endswith("%") else 1)
@@ -140,7 +167,8 @@ def _positive(text: str) -> int:
 def add_history_command(sub: Any) -> None:
     """Register ``gpucluster history`` on the ``gpucluster`` subparsers ``sub``."""
     history = sub.add_parser(
-        "history", help="the run history store: `history add|node|lemons|trend` (--db or $GPUCLUSTER_HISTORY)"
+        "history",
+        help="the run history store: `history add|node|lemons|trend|add-fabric|cables` (--db or $GPUCLUSTER_HISTORY)",
     )
     actions = history.add_subparsers(dest="action", required=True)
 
@@ -166,6 +194,19 @@ def add_history_command(sub: Any) -> None:
     lemons.add_argument("--recurring", type=_positive, default=DEFAULT_RECURRING, metavar="K",
                         help=f"name a node whose same component failed in K runs (default {DEFAULT_RECURRING})")  # fmt: skip
     lemons.set_defaults(func=cmd_lemons)
+
+    fab = action(
+        "add-fabric", "store fabric scans' findings (gpucluster fabric scan --out DIR: DIR/fabric.json)"
+    )
+    fab.add_argument("scans", nargs="+", metavar="FABRIC.json")
+    fab.set_defaults(func=cmd_add_fabric)
+
+    cab = action("cables", "cables with a fabric-scan finding in K of the last N scans; exit 1 if any")
+    cab.add_argument("--last", type=_positive, default=DEFAULT_WINDOW, metavar="N",
+                     help=f"the window: the last N fabric scans (default {DEFAULT_WINDOW})")  # fmt: skip
+    cab.add_argument("--recurring", type=_positive, default=DEFAULT_RECURRING, metavar="K",
+                     help=f"name a cable with findings in K scans (default {DEFAULT_RECURRING})")  # fmt: skip
+    cab.set_defaults(func=cmd_cables)
 
     tr = action("trend", "one metric per node across runs")
     tr.add_argument("metric")

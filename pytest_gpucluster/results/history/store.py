@@ -105,7 +105,29 @@ _V1 = (
     "CREATE INDEX findings_host ON findings(host)",
 )
 
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1,)
+_V2 = (
+    """CREATE TABLE fabric_scans (
+        id INTEGER PRIMARY KEY,
+        scan_key TEXT NOT NULL UNIQUE,
+        source TEXT NOT NULL,
+        scanned_at REAL,
+        added_at REAL NOT NULL,
+        cables INTEGER NOT NULL
+    )""",
+    """CREATE TABLE cable_findings (
+        scan_id INTEGER NOT NULL REFERENCES fabric_scans(id) ON DELETE CASCADE,
+        seq INTEGER NOT NULL,
+        cable TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        line TEXT NOT NULL,
+        PRIMARY KEY (scan_id, seq)
+    )""",
+    "CREATE INDEX cable_findings_cable ON cable_findings(cable)",
+)
+"""Version 2: `gpucluster fabric scan` results, one row per scan and one per finding, keyed by the
+cable (both ends, sorted) so that `gpucluster history cables` finds the ones that keep failing."""
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2)
 """``MIGRATIONS[i]`` brings a store of version ``i`` to version ``i + 1`` (version 0: a new file).
 Append a tuple for a new version; never edit a released one."""
 
@@ -241,6 +263,32 @@ class HistoryStore:
                 return AppendResult(int(found[0]), added=False)
             run_id = self._insert(db, rows)
         return AppendResult(run_id, added=True, measurements=len(rows.measurements))
+
+    def append_fabric_scan(
+        self,
+        scan_key: str,
+        source: str,
+        scanned_at: float | None,
+        cables: int,
+        findings: Sequence[tuple[str, str, str]],
+    ) -> AppendResult:
+        """Store one fabric scan's findings, each (cable, kind, line); a scan stored already is not added twice."""
+        import time
+
+        with self._write() as db:
+            found = db.execute("SELECT id FROM fabric_scans WHERE scan_key = ?", (scan_key,)).fetchone()
+            if found is not None:
+                return AppendResult(int(found[0]), added=False)
+            cursor = db.execute(
+                "INSERT INTO fabric_scans (scan_key, source, scanned_at, added_at, cables) VALUES (?,?,?,?,?)",
+                (scan_key, source, scanned_at, time.time(), cables),
+            )
+            scan_id = int(cursor.lastrowid or 0)
+            db.executemany(
+                "INSERT INTO cable_findings (scan_id, seq, cable, kind, line) VALUES (?,?,?,?,?)",
+                ((scan_id, seq, *row) for seq, row in enumerate(findings)),
+            )
+        return AppendResult(scan_id, added=True, measurements=len(findings))
 
     @staticmethod
     def _insert(db: sqlite3.Connection, rows: RunRows) -> int:
