@@ -116,7 +116,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     probe every node once (one short job; pytest-xdist workers, started after this hook, read
     its ``probe.json``)."""
     gc = session.config.stash.get(SESSION_KEY, None)
-    if gc is None or gc.is_xdist_worker:
+    if gc is None:
+        return
+    if gc.is_xdist_worker:  # the controller's facts, judged alike: the worker launches on the same nodes
+        if not session.config.option.collectonly:
+            judge_nodes(gc)
         return
     if not gc.settings.dry_run:
         gc.check_leftovers(kill=gc.settings.reap)
@@ -392,6 +396,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from pytest_gpucluster.results.report import finish_run
 
     if _fail_closed(gc) and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if gc.split is not None and gc.split.set_aside and session.exitstatus == 0:  # measured without them
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if gc.settings.history is not None:
         from pytest_gpucluster.results.history.session_end import add_history_column

@@ -90,12 +90,44 @@ class NodeFacts:
     cpus: int | None = None
     """CPUs a job may use here: ``SLURM_CPUS_ON_NODE`` inside a Slurm step, else the node's count."""
     env: Mapping[str, str] = field(default_factory=dict)
+    cuda_device_count: int | None = None
+    """``torch.cuda.device_count()`` in the probe rank's environment; None where torch was not asked."""
+    cuda_visible_devices: str | None = None
+    """``CUDA_VISIBLE_DEVICES`` as the probe rank had it (None: unset, CUDA sees every GPU)."""
+    mig_enabled: tuple[int, ...] = ()
+    """The GPUs (indices) whose MIG mode is enabled: CUDA sees MIG instances there, not the GPU."""
+    gpus_skipped: tuple[str, ...] = ()
+    """GPUs NVML would not read (``NO_PERMISSION``: a GPU of another job's cgroup), each with why."""
+    reach: Mapping[str, str | None] = field(default_factory=dict)
+    """Peer -> None when it answered the probe's TCP connect, else why not (`workloads.node_probe.reach`)."""
     error: str | None = None
     """Set when the probe did not come back from this node; every other field is then empty."""
 
     @property
     def gpu_count(self) -> int:
         return len(self.gpus)
+
+    @property
+    def usable_gpu_count(self) -> int:
+        """The GPUs jobs can use here: the smaller of what NVML lists and what CUDA enumerates in the
+        rank's environment (``CUDA_VISIBLE_DEVICES``, MIG); NVML's count where CUDA was not asked."""
+        if self.cuda_device_count is None or not self.cuda_available:
+            return self.gpu_count
+        return min(self.gpu_count, self.cuda_device_count)
+
+    def cuda_view(self) -> str:
+        """What CUDA can use, when it is fewer than NVML lists: ``CUDA can use 2 (CUDA_VISIBLE_DEVICES=0,1)``;
+        empty when CUDA uses every GPU listed."""
+        if self.usable_gpu_count >= self.gpu_count:
+            return ""
+        why = []
+        if self.cuda_visible_devices is not None:
+            why.append(f"CUDA_VISIBLE_DEVICES={self.cuda_visible_devices}")
+        if self.mig_enabled:
+            why.append(f"MIG enabled on GPU {', '.join(map(str, self.mig_enabled))}")
+        return f"CUDA can use {self.usable_gpu_count} of {self.gpu_count}" + (
+            f" ({'; '.join(why)})" if why else ""
+        )
 
     @property
     def gpu_names(self) -> tuple[str, ...]:
@@ -152,6 +184,9 @@ class NodeFacts:
         data["links"] = [link.to_json() for link in self.links]
         data["processes"] = [dict(p) for p in self.processes]
         data["env"] = dict(self.env)
+        data["reach"] = dict(self.reach)
+        data["mig_enabled"] = list(self.mig_enabled)
+        data["gpus_skipped"] = list(self.gpus_skipped)
         return data
 
     @classmethod
@@ -162,6 +197,9 @@ class NodeFacts:
         values["links"] = tuple(NetLink(**link) for link in data.get("links") or ())
         values["processes"] = tuple(dict(p) for p in data.get("processes") or ())
         values["env"] = dict(data.get("env") or {})
+        values["reach"] = dict(data.get("reach") or {})
+        values["mig_enabled"] = tuple(data.get("mig_enabled") or ())
+        values["gpus_skipped"] = tuple(data.get("gpus_skipped") or ())
         return cls(**{k: v for k, v in values.items() if k in cls.__dataclass_fields__})
 
 
@@ -211,7 +249,9 @@ def _smi_gpus(gpu: Mapping[str, Any], host: str) -> tuple[tuple[GpuFact, ...], d
         for p in parse_smi_processes(text)
         if "C" in p.kind  # graphics-only clients hold no CUDA context, as NVML's compute list
     )  # fmt: skip
-    return gpus, {"driver": table.driver_version, "cuda_driver": table.cuda_version, "processes": processes}
+    mig = tuple(g.index for g in table.gpus if g.mig_mode == "Enabled")
+    return gpus, {"driver": table.driver_version, "cuda_driver": table.cuda_version, "processes": processes,
+                  "mig_enabled": mig}  # fmt: skip
 
 
 def node_facts(record: Mapping[str, Any], host: str | None = None) -> NodeFacts:
@@ -224,7 +264,9 @@ def node_facts(record: Mapping[str, Any], host: str | None = None) -> NodeFacts:
                      for g in gpu.get("gpus") or ())  # fmt: skip
         extra = {"driver": gpu.get("driver"), "cuda_driver": gpu.get("cuda_driver"),
                  "nvlink_active": gpu.get("nvlink_active"), "processes": tuple(gpu.get("processes") or ()),
-                 "processes_problem": gpu.get("processes_why")}  # fmt: skip
+                 "processes_problem": gpu.get("processes_why"),
+                 "mig_enabled": tuple(int(g["index"]) for g in gpu.get("gpus") or () if g.get("mig") == "Enabled"),
+                 "gpus_skipped": tuple(str(s) for s in gpu.get("skipped") or ())}  # fmt: skip
     elif gpu.get("source") == "nvidia-smi":
         gpus, extra = _smi_gpus(gpu, host)
         if "gpu_problem" not in extra and gpu.get("why"):
@@ -252,6 +294,9 @@ def node_facts(record: Mapping[str, Any], host: str | None = None) -> NodeFacts:
         probe_pid=record.get("pid"),
         cpus=int(slurm_cpus) if slurm_cpus.isdigit() else record.get("cpu_count"),
         env=redact_env({str(k): str(v) for k, v in (record.get("env") or {}).items()}),
+        cuda_device_count=record.get("device_count"),
+        cuda_visible_devices=record.get("cuda_visible_devices"),
+        reach=dict(record.get("reach") or {}),
         **extra,
     )
 
@@ -262,7 +307,8 @@ class ClusterFacts:
 
     nodes: tuple[NodeFacts, ...]
     source: str
-    """``probe job <id> (<dir>)`` or ``this machine (read in the pytest process)``."""
+    """``probe jobs, one per node, in parallel (<dir>/node-probe-*)``, ``probe job <id> (<dir>)`` or
+    ``this machine (read in the pytest process)``."""
     problem: str | None = None
     """The probe job's failure report, when some node's probe did not come back."""
 

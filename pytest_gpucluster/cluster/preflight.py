@@ -13,8 +13,10 @@ value asked and what the node has:
   selection that leaves no interface, or only ones that are down, is an error; so is an HCA list
   that selects no RDMA port, and an exact HCA entry the node lacks. An HCA list that leaves the node
   fewer active ports than it has is a warning (NCCL runs on part of the fabric);
-- ranks per node at most the GPUs the node lists (a CUDA profile);
-- the GPU count and part the profile names (``cluster.gpus_per_node``, ``cluster.gpu_model``);
+- ranks per node at most the GPUs the node can use (a CUDA profile): the smaller of what NVML
+  lists and what CUDA enumerates in the rank's environment (``CUDA_VISIBLE_DEVICES``, MIG), named;
+- the usable GPU count and part the profile names (``cluster.gpus_per_node``, ``cluster.gpu_model``);
+- MIG disabled where the profile measures NVLink (CUDA sees MIG instances, not GPUs);
 - for information, the NCCL torch loaded on the node against the ``NCCL_VERSION`` its environment
   names (NVIDIA's images set it to their libnccl package; NCCL does not read it, and a pip torch
   loads its own: 2.28.9 loaded under ``NCCL_VERSION=2.28.3`` on the real H200 run).
@@ -151,19 +153,37 @@ def _hcas(node: NodeFacts, value: str, origin: str) -> list[PreflightFinding]:
     return out
 
 
+def _mig(node: NodeFacts, model: ProfileModel, profile: str) -> list[PreflightFinding]:
+    """MIG enabled where the profile measures NVLink: CUDA sees MIG instances, not whole GPUs, and
+    no NVLink runs between them."""
+    if not node.mig_enabled or model.nvlink is None:
+        return []
+    gpus = ", ".join(map(str, node.mig_enabled))
+    view = node.cuda_view() or f"CUDA can use {node.usable_gpu_count} of {node.gpu_count}"
+    return [
+        PreflightFinding(
+            node.host, "MIG mode", f"MIG disabled (profile {profile} measures NVLink)", f"MIG enabled on GPU {gpus}",
+            f"{node.host}: MIG is enabled on GPU {gpus}: {view}, and NVLink does not run between MIG instances "
+            f"(profile {profile} measures NVLink; disable MIG: nvidia-smi -mig 0)",
+        )
+    ]  # fmt: skip
+
+
 def _gpus(node: NodeFacts, model: ProfileModel, profile: str, ranks_per_node: int, ranks_origin: str) -> list[PreflightFinding]:  # fmt: skip
     cluster = model.cluster
-    count = node.gpu_count
-    if cluster.device != "cuda" or count == 0:
+    count = node.usable_gpu_count
+    if cluster.device != "cuda" or node.gpu_count == 0:
         return []
+    view = node.cuda_view()
+    usable = f"{count} GPU{'s' if count != 1 else ''} usable" + (f" ({view})" if view else "")
     out = []
     if ranks_per_node > count:
         out.append(
             PreflightFinding(
                 node.host, "ranks per node", f"{ranks_per_node} ({ranks_origin})", f"{count} GPU(s)",
-                f"{node.host}: {ranks_per_node} ranks per node asked ({ranks_origin}), {count} GPU"
-                f"{'s' if count != 1 else ''} present: ranks would share a GPU and NCCL refuses that "
-                f"('Duplicate GPU detected')",
+                f"{node.host}: {ranks_per_node} ranks per node asked ({ranks_origin}), "
+                + (f"{usable}" if view else f"{count} GPU{'s' if count != 1 else ''} present")
+                + ": ranks would share a GPU and NCCL refuses that ('Duplicate GPU detected')",
             )
         )  # fmt: skip
     if count != cluster.gpus_per_node:
@@ -171,8 +191,8 @@ def _gpus(node: NodeFacts, model: ProfileModel, profile: str, ranks_per_node: in
             PreflightFinding(
                 node.host, "GPU count", f"{cluster.gpus_per_node} (profile {profile}: cluster.gpus_per_node)",
                 f"{count}",
-                f"{node.host}: {count} GPU{'s' if count != 1 else ''}, profile {profile} wants "
-                f"{cluster.gpus_per_node} (cluster.gpus_per_node)",
+                f"{node.host}: {count} GPU{'s' if count != 1 else ''}" + (f" usable ({view})" if view else "")
+                + f", profile {profile} wants {cluster.gpus_per_node} (cluster.gpus_per_node)",
             )
         )  # fmt: skip
     if cluster.gpu_model:
@@ -233,6 +253,8 @@ def preflight(
         if nccl and (value := env.get("NCCL_IB_HCA", "").strip()):
             findings += _hcas(node, value, env_origin.get("NCCL_IB_HCA", "?"))
         findings += _gpus(node, model, model.name, ranks_per_node, ranks_origin)
+        if model.cluster.device == "cuda":
+            findings += _mig(node, model, model.name)
         if nccl:
             findings += _nccl_versions(node)
     return findings

@@ -1,9 +1,13 @@
-"""Run the per-node probe: one short job, one rank per node, before any test.
+"""Run the per-node probe: each node on its own, all at once, before any test.
 
-`probe_cluster` launches `workloads.node_probe.probe` through the session's cluster (its launcher,
-its hosts, its environment forwarding) with one rank per node, no process group and no GPU taken,
-and turns what every rank returned into `ClusterFacts`. A node whose rank did not come back gets
-a `NodeFacts` with ``error`` set (the inventory fails naming it); the job's report is kept.
+`probe_each` launches `workloads.node_probe.probe` through the session's cluster (its launcher,
+its environment forwarding) as one short one-rank job per node, all in parallel, each with its own
+deadline, no process group and no GPU taken, and turns what every rank returned into
+`ClusterFacts`: an unreachable node costs one deadline, not the run, and holds no other node's
+job. Each node's probe also tries a TCP connect to a few of its peers (`REACH_PEERS`), so a node
+its peers cannot reach is known before the first multi-node job. A node whose rank did not come
+back gets a `NodeFacts` with ``error`` set (its job's report in the reason). `probe_cluster` is
+the same reading as one job of one rank per node.
 `probe_here` reads this machine in the pytest process itself, for a session whose every host is
 this machine: the same reading, without a launch.
 
@@ -24,13 +28,23 @@ from typing import Any
 from pytest_gpucluster.cluster.node_facts import ClusterFacts, NodeFacts, node_facts
 from pytest_gpucluster.errors import GpuClusterError, JobFailed
 
+REACH_PEERS = 8
+"""How many peers each node's probe tries to reach (the next ones in host order, round the ring):
+every node is tried by as many as it tries, so a node cut off is told from a healthy one by the
+majority on both sides."""
+PARALLEL_PROBES = 32
+"""Probe jobs started at once (the launchers start a few processes each on the controller)."""
+
 __all__ = [
     "PROBE_FILE",
     "PROBE_WORKLOAD",
+    "REACH_PEERS",
     "SYSFS_ROOT_ENV",
     "probe_cluster",
+    "probe_each",
     "probe_here",
     "probe_options",
+    "reach_peers",
     "read_probe_file",
 ]
 
@@ -122,3 +136,41 @@ def _in_host_order(nodes: Sequence[NodeFacts], hosts: Sequence[str]) -> list[Nod
         return next((i for i, h in enumerate(hosts) if _same_host(h, node.host)), len(hosts))
 
     return sorted(nodes, key=position)
+
+
+def reach_peers(hosts: Sequence[str], host: str, count: int = REACH_PEERS) -> list[str]:
+    """The peers ``host`` tries to reach: the next ``count`` hosts after it, round the ring."""
+    if host not in hosts or len(hosts) < 2:
+        return []
+    start = list(hosts).index(host)
+    return [hosts[(start + i) % len(hosts)] for i in range(1, min(count, len(hosts) - 1) + 1)]
+
+
+def probe_each(cluster: Any, options: Mapping[str, Any], *, timeout_s: float) -> ClusterFacts:
+    """Every node's facts, one one-rank job per node, all in parallel (the module docstring)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    hosts = list(cluster.spec.host_names)
+
+    def one(host: str) -> tuple[list[NodeFacts], str | None]:
+        try:
+            job = cluster.run(
+                PROBE_WORKLOAD,
+                nodes=[host],
+                nproc_per_node=1,
+                timeout=timeout_s,
+                options={**options, "peers": reach_peers(hosts, host)},
+                name=f"node-probe-{host}",
+                init_process_group=False,
+                pick_device=False,
+            )
+        except GpuClusterError as exc:  # a failed or hung job (JobFailed), or no launch at all
+            return list(_salvage([host], exc).nodes), str(exc)
+        return [node_facts(rank.value, rank.host) for rank in job.ranks], None
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(hosts), PARALLEL_PROBES))) as pool:
+        done = list(pool.map(one, hosts))
+    nodes = [n for found, _ in done for n in found]
+    problems = [p for _, p in done if p]
+    where = f"probe jobs, one per node, in parallel ({cluster.results_dir}/node-probe-*)"
+    return ClusterFacts(tuple(_in_host_order(nodes, hosts)), where, problem="\n".join(problems) or None)

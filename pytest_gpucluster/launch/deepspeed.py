@@ -142,7 +142,14 @@ class DeepSpeedLauncher:
         env = dict(job.env)
         if job.nnodes > 1:
             env["DS_ENV_FILE"] = str(self.env_file_path(job))
-        return [LaunchCommand(host=job.hosts[0], argv=tuple(argv), env=env)]
+        host = job.hosts[0]
+        if job.nnodes == 1 and job.needs_remote(host):
+            # One node elsewhere: the runner launches on the machine it runs on, so it runs there,
+            # through the remote-exec prefix (a one-node probe of a remote node, say).
+            assert job.remote is not None
+            full = job.remote.wrap(host, argv, env, user=job.users.get(host))
+            return [LaunchCommand(host=host, argv=tuple(full), env=env, remote=True, node_argv=tuple(argv))]
+        return [LaunchCommand(host=host, argv=tuple(argv), env=env)]
 
 
 def _site_launcher(args: Sequence[str]) -> str | None:

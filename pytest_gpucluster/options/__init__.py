@@ -56,6 +56,7 @@ OPTIONS: tuple[Option, ...] = (
     options_gate.REGRESSION_GATE,
     options_history.HISTORY,
     options_tiers.BUDGET,
+    options_cluster.EXCLUDE,
 )
 """Every option, in the order --help lists them and results.json's header records them (the order
 they had before the table was split by subject; users and stored baselines know it)."""
@@ -106,6 +107,15 @@ def add_options(parser: pytest.Parser) -> None:
         "node is listed to drain only if its retest fails too (both values are reported)",
     )
     group.addoption(
+        "--gpucluster-strict-nodes",
+        dest="gpucluster_strict_nodes",
+        action="store_true",
+        default=False,
+        help="stop before the first job when any node fails a node-level requirement (unreachable, "
+        "probe failed, too few usable GPUs, a required interface or HCA absent or down), instead of "
+        "setting that node aside and measuring the others",
+    )
+    group.addoption(
         "--gpucluster-drain",
         dest="gpucluster_drain",
         action="store_true",
@@ -143,7 +153,10 @@ class Settings:
     regression_gate: str = "fail"
     history: Path | None = None
     budget: float | None = None
+    exclude: tuple[str, ...] = ()
+    """``--gpucluster-exclude``: the nodes left out from the start, every name once, in order."""
     dry_run: bool = False
+    strict_nodes: bool = False
     drain: bool = False
     reap: bool = False
     retest_suspects: bool = False
@@ -174,6 +187,8 @@ def resolve_settings(config: pytest.Config, environ: Mapping[str, str] | None = 
             continue
         try:
             values[opt.name] = tuple(opt.parse(item) for item in raw) if opt.multiple else opt.parse(raw)
+            if opt is options_cluster.EXCLUDE:  # HOST[,HOST...], repeatable: one flat list
+                values[opt.name] = tuple(dict.fromkeys(h for group in values[opt.name] for h in group))
         except ValueError as exc:
             raise SettingsError(f"{opt.flag}: {exc} (from {source})") from None
     if (
@@ -188,6 +203,7 @@ def resolve_settings(config: pytest.Config, environ: Mapping[str, str] | None = 
         drain=bool(config.getoption("gpucluster_drain")),
         reap=bool(config.getoption("gpucluster_reap")),
         retest_suspects=bool(config.getoption("gpucluster_retest_suspects")),
+        strict_nodes=bool(config.getoption("gpucluster_strict_nodes")),
         sources=sources,
     )
 

@@ -47,3 +47,23 @@ NPROC_PER_NODE = Option(
     positive_int,
     "N",
 )
+
+
+def host_list(text: str) -> tuple[str, ...]:
+    """``HOST[,HOST...]`` -> the names, stripped; an empty name is refused."""
+    names = tuple(part.strip() for part in text.split(","))
+    if not names or any(not name for name in names):
+        raise ValueError(f"expected host names separated by commas (HOST[,HOST...]), got {text!r}")
+    return names
+
+
+EXCLUDE = Option(
+    "--gpucluster-exclude",
+    "exclude",
+    "leave these nodes out from the start (known bad, being repaired): they are not probed, not "
+    "launched on, and named in results.json and the report as excluded; repeatable",
+    (),
+    host_list,
+    "HOST[,HOST...]",
+    multiple=True,
+)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import csv
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pytest_gpucluster.errors import ParseError
 
@@ -221,9 +221,12 @@ class SmiGpu:
     memory_used_mib: int | None
     memory_total_mib: int | None
     util_percent: int | None
+    mig_mode: str | None = None
+    """The ``MIG M.`` column: ``Enabled``, ``Disabled`` or ``N/A`` (a GPU without MIG); None: not shown."""
 
     def to_json(self) -> dict:
         return {
+            "mig_mode": self.mig_mode,
             "index": self.index,
             "name": self.name,
             "bus_id": self.bus_id,
@@ -255,6 +258,8 @@ _TABLE_GPU = re.compile(
 )
 # "| N/A   44C    P0   153W / 700W |  60787MiB / 81559MiB |     23%      Default |"
 _TABLE_USAGE = re.compile(r"\|\s*(\d+)MiB\s*/\s*(\d+)MiB\s*\|\s*(?:(\d+)\s*%|N/A)")
+# "|                                         |                        |             Disabled |" (MIG M.)
+_TABLE_MIG = re.compile(r"^\|\s*\|\s*\|\s*(Enabled|Disabled|N/A)\s*\|$")
 
 
 def parse_smi_table(text: str) -> SmiTable:
@@ -266,6 +271,10 @@ def parse_smi_table(text: str) -> SmiTable:
         m = _TABLE_GPU.match(line.strip())
         if m:
             gpus.append(SmiGpu(int(m.group(1)), m.group(2), m.group(3), None, None, None))
+            continue
+        mig = _TABLE_MIG.match(line.strip())
+        if mig and gpus and gpus[-1].mig_mode is None:
+            gpus[-1] = replace(gpus[-1], mig_mode=mig.group(1))
             continue
         u = _TABLE_USAGE.search(line)
         if u and gpus and gpus[-1].memory_total_mib is None:

@@ -70,6 +70,9 @@ class RunResults:
     compare`` judges its two files as the run itself did."""
     fleet: dict[str, Any] | None = None
     """For a fleet baseline (``gpucluster baseline merge``): the runs it is the median of."""
+    nodes_used: dict[str, Any] | None = None
+    """The nodes measured, set aside (each with its reason and action) and excluded, and the one
+    line that says so (``session/set_aside.py: NodeSplit.to_json``); None when every node was measured."""
     retest: dict[str, Any] | None = None
     """With ``--gpucluster-retest-suspects``: the suspects, both measurements, who was confirmed
     (``results/retest.py: retest_record``)."""
@@ -119,6 +122,7 @@ class RunResults:
             regression=data.get("regression"),
             fleet=data.get("fleet"),
             retest=data.get("retest"),
+            nodes_used=data.get("nodes_used"),
             history=data.get("history"),
             tier=data.get("tier") if isinstance(data.get("tier"), Mapping) else None,
             jobs=tuple(dict(j) for j in data.get("jobs") or () if isinstance(j, Mapping)),

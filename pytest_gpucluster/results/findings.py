@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pytest_gpucluster.burnin.drain import Suspect
-from pytest_gpucluster.results.model import PREFLIGHT_TEST_ID, Measurement, TestOutcome
+from pytest_gpucluster.results.model import PREFLIGHT_TEST_ID, SET_ASIDE_METRIC, Measurement, TestOutcome
 from pytest_gpucluster.results.text import failure_message, format_value
 
 __all__ = [
@@ -295,6 +295,12 @@ class _Peers:
 
 
 def _classify(m: Measurement, peers: _Peers) -> tuple[ReasonClass, Action, str]:
+    if m.metric == SET_ASIDE_METRIC and m.labels.get("action") in LADDER:  # the set-aside stage said
+        return (
+            "hardware",
+            m.labels["action"],
+            f"set aside before the first job: {m.labels.get('reason', '?')}",
+        )
     problem = problem_of(m)
     if problem in _NOT_MEASURED or not m.measured:
         what = (

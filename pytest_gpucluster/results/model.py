@@ -37,6 +37,8 @@ __all__ = [
     "PROBLEMS",
     "READABLE_VERSIONS",
     "SCHEMA_VERSION",
+    "SET_ASIDE_METRIC",
+    "SET_ASIDE_TEST_ID",
     "Check",
     "Comparison",
     "Measurement",
@@ -312,6 +314,11 @@ def _spread_json(spread: Spread) -> dict[str, Any]:
 PREFLIGHT_TEST_ID = "gpucluster::preflight"
 """The outcome a session that stops before launch records in results.json, in place of the tests
 it did not run (`session.set_aside`); the findings read it (`results.findings`)."""
+SET_ASIDE_TEST_ID = "gpucluster::set-aside"
+"""The outcome, and the checks, of the nodes a session set aside before its first job."""
+SET_ASIDE_METRIC = "inventory.node_usable"
+"""A set-aside node's inventory failure (0 of 1); its ``action`` and ``reason`` labels say what the
+set-aside stage found, and the findings take the action from there."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -142,7 +142,10 @@ def _blocks(
     for column in columns:
         matrix.add_column(column)
     verdict = verdict_of(run.outcomes, findings, matrix, len(run.measurements))
-    blocks: list[Block] = [("verdict", verdict), ("matrix", matrix)]
+    blocks: list[Block] = [("verdict", verdict)]
+    if run.nodes_used and run.nodes_used.get("line"):
+        blocks.append(("p", f"Nodes: {run.nodes_used['line']}"))
+    blocks.append(("matrix", matrix))
     if findings:
         blocks += [
             ("h2", f"Findings: {len(findings)} (reason class and next action for each)"),

@@ -137,6 +137,9 @@ def summary_lines(
         lines.append("no measurements were recorded")
     lines += threshold_lines(recorder.header.get("thresholds"))
     lines += finding_lines
+    used = recorder.header.get("nodes_used") or {}
+    if used.get("line"):
+        lines.append(f"nodes: {used['line']}")
     if signoff_line:
         lines.append(signoff_line)
     if recorder.outcomes:

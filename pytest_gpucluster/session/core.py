@@ -31,7 +31,7 @@ from pytest_gpucluster.profiles.loader import LoadedProfile
 from pytest_gpucluster.results.recorder import Recorder
 from pytest_gpucluster.session.probe import all_local, allocation_cpus
 from pytest_gpucluster.session.set_aside import NodeSplit
-from pytest_gpucluster.session.spec import NodeList, listed_hosts
+from pytest_gpucluster.session.spec import NodeList
 
 if TYPE_CHECKING:
     from pytest_gpucluster.cluster.preflight import PreflightFinding
@@ -117,11 +117,30 @@ class GpuClusterSession:
         return self.probed
 
     @property
+    def usable_facts(self) -> ClusterFacts | None:
+        """The probed facts of the usable nodes only (those set aside left out): what capability
+        marks are judged on."""
+        facts = self.node_facts
+        if facts is None or self.split is None:
+            return facts
+        usable = {h.split(".")[0] for h in self.split.usable}
+        kept = tuple(n for n in facts.nodes if n.host.split(".")[0] in usable)
+        return replace(facts, nodes=kept) if kept else facts
+
+    @property
     def forward_patterns(self) -> tuple[str, ...]:
         """The variables every job carries: the defaults, ``--forward-env``, the profile's."""
         from pytest_gpucluster.launch.forward_env import forward_patterns
 
         return forward_patterns(self.settings.forward_env, self.profile.model.launch.forward_env)
+
+    @property
+    def probe_deadline(self) -> float:
+        """Each node's probe job: a one-node start-up (``--rendezvous-timeout``) and the probe's work."""
+        from pytest_gpucluster.cluster.probe import PROBE_WORK_S
+        from pytest_gpucluster.launch.job import rendezvous_deadline
+
+        return rendezvous_deadline(1, self.settings.rendezvous_timeout) + PROBE_WORK_S
 
     @property
     def rendezvous_deadline(self) -> float:
@@ -187,11 +206,23 @@ class GpuClusterSession:
 
     @property
     def hosts(self) -> list[str]:
-        hosts = self._all_hosts()
+        """The nodes jobs run on: the usable ones (`usable_hosts`), narrowed to the suspects while
+        they are retested."""
+        hosts = self.usable_hosts
         return [h for h in hosts if h in self.only_hosts] if self.only_hosts else hosts
 
-    def _all_hosts(self) -> list[str]:
-        return listed_hosts(self.hostfile, self.settings, self.machine.hostname)
+    @property
+    def usable_hosts(self) -> list[str]:
+        """The nodes given (``--gpucluster-exclude`` left out), without those the set-aside stage
+        set aside (`session.set_aside`); a hostfile that cannot be read raises its error."""
+        _ = self.hostfile
+        usable = self.split.usable if self.split is not None else None
+        return [h for h in self.nodes.hosts if usable is None or h in usable]
+
+    def narrow_to_usable(self, split: NodeSplit) -> None:
+        """Keep the set-aside stage's split: jobs launched from now on run on its usable nodes only."""
+        self.split = split
+        self.__dict__.pop("cluster", None)
 
     def retest_on(self, hosts: tuple[str, ...]) -> None:
         """Narrow the session's cluster to ``hosts`` (the suspects to retest); () widens it again.
@@ -235,8 +266,9 @@ class GpuClusterSession:
             )
         else:
             spec = ClusterSpec.from_local(self.ranks_per_node, self.backend)
-        if self.only_hosts and not all_local(self._all_hosts()):  # this machine alone: nothing to narrow
-            spec = replace(spec, hosts=tuple(h for h in spec.hosts if h[0] in self.only_hosts))
+        keep = set(self.hosts)
+        if not self.nodes.local and len(keep) < spec.nnodes:  # this machine alone: nothing to narrow
+            spec = replace(spec, hosts=tuple(h for h in spec.hosts if h[0] in keep))
         nnodes = self.settings.nnodes
         if nnodes and nnodes < spec.nnodes:
             spec = replace(spec, hosts=spec.hosts[:nnodes])
@@ -301,8 +333,8 @@ class GpuClusterSession:
                 missing.append(f"needs {min_nodes} nodes, the cluster has {self.available_nodes} ({where})")
             min_gpus = int(mark.kwargs.get("min_gpus_per_node", 0))
             needs = tuple(mark.kwargs.get("needs", ()))
-            facts = self.node_facts
-            if facts is not None:  # judged on the nodes, never on this (login) machine
+            facts = self.usable_facts
+            if facts is not None:  # judged on the usable nodes, never on this (login) machine
                 missing += facts.unmet(min_gpus=min_gpus, needs=needs)
             for need in needs:
                 if need == "multi-node":

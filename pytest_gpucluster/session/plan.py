@@ -124,12 +124,12 @@ def session_plan(items: list[Any], session: GpuClusterSession) -> tuple[SessionP
     plan, errors = SessionPlan(basis=_plan_basis(session)), []
     if not all_local(session.hosts):
         nodes = session.available_nodes
-        startup = expected_startup_s(nodes, session.backend)
-        deadline, estimate = session.rendezvous_deadline + PROBE_WORK_S, PROBE_EXPECTED_WORK_S + startup
+        startup = expected_startup_s(1, session.backend)
+        deadline, estimate = session.probe_deadline, PROBE_EXPECTED_WORK_S + startup
         why = (
-            f"job timeout {seconds(deadline)} (the rendezvous deadline of {nodes} node(s) + "
-            f"{PROBE_WORK_S:g} s of probe work; estimated run {seconds(estimate)}, from {PROBE_EXPECTED_WORK_S:g} s "
-            f"of work + {startup:g} s expected start-up)"
+            f"one job per node, all at once; each job's timeout {seconds(deadline)} (the rendezvous deadline of "
+            f"1 node + {PROBE_WORK_S:g} s of probe work; estimated run {seconds(estimate)}, from "
+            f"{PROBE_EXPECTED_WORK_S:g} s of work + {startup:g} s expected start-up)"
         )
         plan.add(PlannedJob("node-probe", nodes, 1, "quick", deadline, estimate, startup, why=why))
     for item in items:

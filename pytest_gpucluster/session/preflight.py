@@ -72,16 +72,6 @@ def preflight_record(facts: ClusterFacts, findings: list[PreflightFinding]) -> d
 
 
 def preflight_lines(findings: list[PreflightFinding], *, dry_run: bool) -> list[str]:
-    """What the terminal shows: every finding, then whether the session stops on them."""
+    """What the terminal shows: every finding (what the next stage made of them: `set_aside.split_lines`)."""
     head = "[dry run] preflight" if dry_run else "gpucluster preflight"
-    errors = [f for f in findings if f.severity == "error"]
-    lines = [f"{head}: {f.severity.upper()} {f.message}" for f in findings]
-    if errors:
-        hosts = sorted({f.host for f in errors})
-        what = "a run would stop here" if dry_run else "stopping before any job is launched"
-        lines.append(
-            f"{head}: {len(errors)} finding(s) on {len(hosts)} node(s) ({', '.join(hosts)}): {what}. "
-            "Fix the profile or the settings each finding names, or choose the profile of this "
-            "hardware (--hw=auto picks the part profile of the GPUs found)."
-        )
-    return lines
+    return [f"{head}: {f.severity.upper()} {f.message}" for f in findings]

@@ -4,7 +4,8 @@ per-node probe (`cluster.probe`), and the small rules around it.
 ``--hw=auto`` must pick a profile from the GPUs of the nodes, not of the machine pytest runs on
 (a login node): `probe_for_auto` probes them through a provisional cluster (the listed hosts,
 one rank each, gloo, the settings' launcher) before there is a profile. With a profile, the
-session probes through its own cluster (`cluster.probe.probe_cluster`). `all_local` says when no launch is
+session probes through its own cluster; either way each node on its own (`cluster.probe.probe_each`).
+`all_local` says when no launch is
 needed at all (every host is this machine: the pytest process reads itself), and
 `allocation_cpus` what a Slurm allocation grants per node until the probe says more.
 
@@ -18,12 +19,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_gpucluster.cluster import probe as cluster_probe
 from pytest_gpucluster.cluster.node_facts import ClusterFacts
 from pytest_gpucluster.cluster.probe import (
     PROBE_WORK_S,
     PROBE_WORKLOAD,
-    probe_cluster,
-    probe_here,
     probe_options,
     read_probe_file,
 )
@@ -69,16 +69,16 @@ def probe_for_auto(
 
     options = probe_options(forward_patterns(settings.forward_env))
     if worker:
-        return read_probe_file(results_dir) or probe_here(options)
+        return read_probe_file(results_dir) or cluster_probe.probe_here(options)
     cluster = provisional_cluster(settings, nodes, results_dir, session_tag)
     if cluster is None:
-        return probe_here(options)
+        return cluster_probe.probe_here(options)
     if settings.dry_run:
         return None
     from pytest_gpucluster.launch.job import rendezvous_deadline
 
-    deadline = rendezvous_deadline(cluster.spec.nnodes, settings.rendezvous_timeout) + PROBE_WORK_S
-    return probe_cluster(cluster, options, timeout_s=deadline)
+    deadline = rendezvous_deadline(1, settings.rendezvous_timeout) + PROBE_WORK_S
+    return cluster_probe.probe_each(cluster, options, timeout_s=deadline)
 
 
 def provisional_cluster(settings: Settings, nodes: NodeList, results_dir: Path, session_tag: str) -> Any:

@@ -19,17 +19,19 @@ from pathlib import Path
 
 import pytest
 
+from pytest_gpucluster.cluster import probe as cluster_probe
 from pytest_gpucluster.cluster.node_facts import ClusterFacts
-from pytest_gpucluster.cluster.probe import PROBE_WORK_S, probe_cluster, probe_here, probe_options
+from pytest_gpucluster.cluster.probe import probe_options
 from pytest_gpucluster.options import Settings
 from pytest_gpucluster.profiles.detect import detect_machine
+from pytest_gpucluster.results.model import SET_ASIDE_TEST_ID
 from pytest_gpucluster.results.recorder import Recorder
 from pytest_gpucluster.session import header
 from pytest_gpucluster.session.choose import choose
 from pytest_gpucluster.session.core import GpuClusterSession
 from pytest_gpucluster.session.preflight import preflight_lines, preflight_record, run_preflight
 from pytest_gpucluster.session.probe import all_local, probe_commands, probe_for_auto
-from pytest_gpucluster.session.set_aside import split_nodes
+from pytest_gpucluster.session.set_aside import set_aside_checks, set_aside_outcome, split_lines, split_nodes
 from pytest_gpucluster.session.spec import node_list
 
 __all__ = ["RESULTS_DIR_ENV", "judge_nodes", "probe_nodes", "start_session"]
@@ -71,8 +73,8 @@ def probe_nodes(gc: GpuClusterSession) -> ClusterFacts | None:
     """Probe every node once (controller only; workers read the controller's ``probe.json``).
 
     Every host this machine: read here, no launch. A dry run: the probe's commands are printed,
-    nothing is launched, and node requirements are not judged. Else one rank per node through the
-    session's cluster; a failed build of the cluster (a bad hostfile) leaves the facts empty and
+    nothing is launched, and node requirements are not judged. Else one job per node, all at once,
+    each with its own deadline (`cluster.probe.probe_each`); a failed build of the cluster (a bad hostfile) leaves the facts empty and
     the tests that use the cluster fail on it.
     """
     if gc.probed is not None or gc.is_xdist_worker:
@@ -83,7 +85,7 @@ def probe_nodes(gc: GpuClusterSession) -> ClusterFacts | None:
         gc.not_probed = f"this machine has no GPU to probe for profile {gc.profile.name}"
         return None
     if all_local(gc.hosts):
-        facts = probe_here(options)
+        facts = cluster_probe.probe_here(options)
     elif gc.cluster_error() is not None:
         return None
     elif gc.settings.dry_run:
@@ -92,14 +94,16 @@ def probe_nodes(gc: GpuClusterSession) -> ClusterFacts | None:
             (gc.progress or print)(f"[dry run] probe: {command.host}: {command.shell_line()}")
         return None
     else:
-        facts = probe_cluster(gc.cluster, options, timeout_s=gc.rendezvous_deadline + PROBE_WORK_S)
+        facts = cluster_probe.probe_each(gc.cluster, options, timeout_s=gc.probe_deadline)
     gc.keep_facts(facts)
     return facts
 
 
 def judge_nodes(gc: GpuClusterSession) -> None:
-    """The preflight on the probed nodes (recorded, and printed), then the usable nodes split from
-    the rest (`GpuClusterSession.split`); an xdist worker judges the controller's facts alike."""
+    """The preflight on the probed nodes, then the usable nodes split from the rest and the
+    session narrowed to them (`GpuClusterSession.split`). The controller records and prints what
+    it found; an xdist worker judges the controller's facts alike, quietly, to launch on the same
+    nodes."""
     facts = gc.node_facts
     findings = run_preflight(
         facts, gc.profile, gc.settings, nccl_env=gc.nccl_env, ranks_per_node=gc.ranks_per_node
@@ -107,11 +111,30 @@ def judge_nodes(gc: GpuClusterSession) -> None:
     gc.preflight = findings
     if facts is None or findings is None:
         return
+    cuda = gc.profile.model.cluster.device == "cuda"
+    split = split_nodes(
+        gc.usable_hosts,
+        facts,
+        findings,
+        cuda=cuda,
+        strict=gc.settings.strict_nodes,
+        excluded=gc.nodes.excluded,
+    )
+    gc.narrow_to_usable(split)
     gc.recorder.header["preflight"] = preflight_record(facts, findings)
-    gc.split = split_nodes(gc.hosts, findings)
-    if not gc.is_xdist_worker:
-        for line in preflight_lines(findings, dry_run=gc.settings.dry_run):
-            (gc.progress or print)(line)
+    if split.line():
+        gc.recorder.header["nodes_used"] = split.to_json()
+    if gc.is_xdist_worker:
+        return
+    outcome = set_aside_outcome(split)
+    if outcome is not None and not gc.settings.dry_run:
+        gc.recorder.record_checks(set_aside_checks(split), test_id=SET_ASIDE_TEST_ID)
+        gc.recorder.add_outcome(outcome)
+    write = gc.progress or print
+    for line in preflight_lines(findings, dry_run=gc.settings.dry_run) + split_lines(
+        split, findings, dry_run=gc.settings.dry_run
+    ):
+        write(line)
 
 
 def _session_tag(config: pytest.Config) -> str:

@@ -213,6 +213,13 @@ class NetnsTestbed:
                 _run(["tc", "-n", namespace, "qdisc", "replace", "dev", device, "root", *shape])
         self.rates[target.name] = None if rate is None else parse_rate(rate)
 
+    def set_link(self, node: str | NetnsNode, *, up: bool) -> None:
+        """Cut (``up=False``) or restore ``node``'s link at the switch: the node keeps its address
+        and can still be started through the remote-exec prefix, but no packet reaches it, as
+        with a pulled cable or a dead switch port."""
+        target = self.node(node)
+        _run(["ip", "-n", self.switch, "link", "set", target.switch_port, "up" if up else "down"])
+
     def counters(self, node: str | NetnsNode) -> LinkCounters:
         """The byte and packet counters of ``node``'s interface."""
         target = self.node(node)

@@ -14,7 +14,11 @@ itself when every host is this machine. What one node reports, as plain JSON:
   (``options["sysfs_root"]``, ``{host}`` replaced by this node's name, reads a recorded tree);
 - the environment that matters: the variables matching ``options["env_patterns"]`` (the launch's
   forward list), secret-looking values already replaced here;
-- CPUs: ``os.cpu_count()``, and ``SLURM_CPUS_ON_NODE`` inside a Slurm step.
+- CPUs: ``os.cpu_count()``, and ``SLURM_CPUS_ON_NODE`` inside a Slurm step;
+- reachability (`reach`): a TCP connect to each of ``options["peers"]`` (a few of the session's
+  other nodes) on a port where nothing need listen: a refusal is an answer (the peer is reached),
+  only silence (a timeout) or "no route" is not. NCCL and gloo open TCP connections between all
+  nodes, so a node its peers cannot reach is unfit whatever launched it.
 
 torch is imported only where GPUs were found (it costs a second or more). Standard library, torch
 and (lazily) pynvml only, like the rest of ``workloads/``.
@@ -51,24 +55,49 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def _nvml_gpus(nvml: Any) -> list[dict[str, Any]]:
-    gpus = []
+NVML_ERROR_NO_PERMISSION = 4
+"""NVML's return code for a GPU this process may not read (a GPU of another job's cgroup)."""
+
+
+def _no_permission(exc: Exception) -> bool:
+    return getattr(exc, "value", None) == NVML_ERROR_NO_PERMISSION or "NoPermission" in type(exc).__name__
+
+
+def _mig_mode(nvml: Any, handle: Any) -> str | None:
+    """``Enabled``/``Disabled`` (the current mode); None where the GPU has no MIG (NOT_SUPPORTED)."""
+    try:
+        current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+    except Exception:
+        return None
+    return "Enabled" if current else "Disabled"
+
+
+def _nvml_gpus(nvml: Any) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every GPU NVML lists, and those it would not read: a handle answering ``NO_PERMISSION`` (a
+    cgroup-constrained Slurm step) is skipped and named, the others still read."""
+    gpus, skipped = [], []
     for index in range(int(nvml.nvmlDeviceGetCount())):
-        handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        gpus.append(
-            {
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            gpu = {
                 "index": index,
                 "name": _text(nvml.nvmlDeviceGetName(handle)),
                 "uuid": _text(nvml.nvmlDeviceGetUUID(handle)),
                 "memory_bytes": int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
                 "bus_id": _text(nvml.nvmlDeviceGetPciInfo(handle).busId),
             }
-        )
-    return gpus
+        except Exception as exc:
+            if not _no_permission(exc):
+                raise
+            skipped.append(f"GPU {index}: NVML answered NO_PERMISSION (not this job's GPU)")
+            continue
+        gpu["mig"] = _mig_mode(nvml, handle)
+        gpus.append(gpu)
+    return gpus, skipped
 
 
-def _nvlink_active(nvml: Any, count: int) -> bool:
-    for index in range(count):
+def _nvlink_active(nvml: Any, indices: Sequence[int]) -> bool:
+    for index in indices:
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
         for link in range(18):
             try:
@@ -80,7 +109,7 @@ def _nvlink_active(nvml: Any, count: int) -> bool:
 
 
 def _from_nvml(nvml: Any) -> dict[str, Any]:
-    gpus = _nvml_gpus(nvml)
+    gpus, skipped = _nvml_gpus(nvml)
     code = int(nvml.nvmlSystemGetCudaDriverVersion())
     processes, why = gpu_compute_processes(nvml)
     return {
@@ -88,9 +117,10 @@ def _from_nvml(nvml: Any) -> dict[str, Any]:
         "gpus": gpus,
         "driver": _text(nvml.nvmlSystemGetDriverVersion()),
         "cuda_driver": f"{code // 1000}.{code % 1000 // 10}",
-        "nvlink_active": _nvlink_active(nvml, len(gpus)),
+        "nvlink_active": _nvlink_active(nvml, [g["index"] for g in gpus]),
         "processes": processes,
         "processes_why": why,
+        "skipped": skipped,
     }
 
 
@@ -173,12 +203,44 @@ def matching_env(patterns: Sequence[str], environ: Mapping[str, str] | None = No
     return {k: (REDACTED if _secret(k) and v else v) for k, v in sorted(found.items())}
 
 
+REACH_PORT = 9
+"""The discard port: almost never served, so a reached peer answers with a refusal."""
+REACH_TIMEOUT_S = 3.0
+
+
+def _answer(peer: str, port: int, timeout: float) -> str | None:
+    """None when ``peer`` answered a TCP connect on ``port`` (accepted or refused), else why not."""
+    try:
+        with socket.create_connection((peer, port), timeout=timeout):
+            return None
+    except ConnectionRefusedError:
+        return None
+    except TimeoutError:
+        return f"no answer from {peer} within {timeout:g} s"
+    except OSError as exc:
+        return f"{peer}: {exc.strerror or exc}"
+
+
+def reach(
+    peers: Sequence[str], port: int = REACH_PORT, timeout: float = REACH_TIMEOUT_S
+) -> dict[str, str | None]:
+    """Peer -> None when it answered, else why not; all peers at once (one timeout in all)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not peers:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(len(peers), 16)) as pool:
+        answers = list(pool.map(lambda peer: _answer(peer, port, timeout), peers))
+    return dict(zip(peers, answers, strict=True))
+
+
 def read_node(
     host: str | None = None,
     *,
     env_patterns: Sequence[str] = (),
     sysfs_root: str | None = None,
     smi: str = "nvidia-smi",
+    peers: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Everything the probe reports for this node (see the module docstring)."""
     host = host or socket.gethostname()
@@ -198,6 +260,7 @@ def read_node(
         "links": fabric_probe.read_links(Path(root), shaping=root == "/sys"),
         "sysfs_root": root,
         "env": matching_env(env_patterns),
+        "reach": reach(peers),
     }
     if gpu.get("gpus") or gpu.get("text"):
         facts.update(_torch_view())
@@ -211,4 +274,5 @@ def probe(ctx: RankContext) -> dict[str, Any]:
         ctx.host,
         env_patterns=tuple(options.get("env_patterns") or ()),
         sysfs_root=options.get("sysfs_root"),
+        peers=tuple(options.get("peers") or ()),
     )

@@ -5,7 +5,8 @@ There is no CUDA build of torch on the machines the tests run on, so a node stan
 (`recorded_nodes`) lists real recorded GPUs that this torch cannot use, and every GPU test skips for
 the missing ``cuda`` capability. With this plugin the probe reports what a CUDA torch would: the
 GPUs usable, its NCCL backend present (``GPUCLUSTER_STANDIN_NCCL``, default 2.28.9, the NCCL of the
-real H200 run in shared/REFERENCE-FIGURES.md), and the session's view of this machine
+real H200 run in shared/REFERENCE-FIGURES.md; as many GPUs as ``CUDA_VISIBLE_DEVICES`` lets
+it see: `cuda_torch_standin_view`), and the session's view of this machine
 (`profiles.detect.detect_machine`) lists the recorded GPUs as usable too. Only the pytest process
 is patched, so use it with ``--gpucluster-dry-run`` or with tests that launch nothing: a launched
 rank would still find no GPU.
@@ -14,26 +15,14 @@ rank would still find no GPU.
 from __future__ import annotations
 
 import dataclasses
-import os
-from typing import Any
+
+from cuda_torch_standin_view import install
 
 from pytest_gpucluster.cluster.probe import probe_here, probe_options
 from pytest_gpucluster.profiles.detect import MachineInfo, detect_machine
 from pytest_gpucluster.session import start
-from pytest_gpucluster.workloads import node_probe
 
-
-def _cuda_torch_view() -> dict[str, Any]:
-    return {
-        "cuda_available": True,
-        "torch_cuda": "13.0",
-        "device_count": None,
-        "nccl": os.environ.get("GPUCLUSTER_STANDIN_NCCL", "2.28.9"),
-        "nccl_available": True,
-    }
-
-
-node_probe._torch_view = _cuda_torch_view
+install()
 
 
 def _cuda_machine() -> MachineInfo:

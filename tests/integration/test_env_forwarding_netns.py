@@ -80,7 +80,7 @@ MPI_ARGS = "--mca plm_rsh_agent {rsh} --mca oob_tcp_if_include gpc0"
 
 def test_mpirun_carries_the_controllers_environment_to_every_node(bed, tmp_path):
     nodes = _probe_through(bed, tmp_path, "mpirun", MPI_ARGS)
-    assert nodes["source"].startswith("probe job node-probe-")
+    assert nodes["source"].startswith("probe jobs, one per node, in parallel")
     _assert_every_node_saw_the_controllers_variables(nodes, bed)
 
 

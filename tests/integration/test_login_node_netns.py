@@ -70,9 +70,9 @@ def test_a_login_node_probes_the_nodes_judges_marks_there_and_names_the_degraded
         assert done.returncode == 1, output[-5000:]  # inventory failures, nothing else broken
         data = json.loads((results / "results.json").read_text())
 
-    # The probe ran once, through the launcher, on the three nodes (not on the controller).
+    # The probe ran through the launcher, one job per node, on the three nodes (not on the controller).
     probed = data["nodes"]
-    assert probed["source"].startswith("probe job node-probe-"), probed["source"]
+    assert probed["source"].startswith("probe jobs, one per node, in parallel"), probed["source"]
     assert [n["host"] for n in probed["nodes"]] == [healthy, short, slow]
     assert [len(n["gpus"]) for n in probed["nodes"]] == [8, 7, 8]
     for node in probed["nodes"]:

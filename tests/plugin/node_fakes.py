@@ -35,3 +35,4 @@ def use_machine(monkeypatch: pytest.MonkeyPatch, machine: MachineInfo) -> None:
     monkeypatch.setattr("pytest_gpucluster.session.start.detect_machine", lambda: machine)
     monkeypatch.setattr("pytest_gpucluster.cluster.probe.probe_here", lambda options: facts)
     monkeypatch.setattr("pytest_gpucluster.cluster.probe.probe_cluster", lambda *a, **k: facts)
+    monkeypatch.setattr("pytest_gpucluster.cluster.probe.probe_each", lambda *a, **k: facts)

@@ -271,6 +271,7 @@ def test_drain_at_the_end_says_why_nothing_was_drained(tmp_path):
 def test_a_preflight_stop_says_to_fix_the_settings_and_names_the_node():
     """The outcome the plugin records when the preflight stops a run (`session.set_aside.stop_outcome`),
     with the finding `tests/integration/test_preflight_nodes.py` gets from --hw=h200-spectrumx here."""
+    from pytest_gpucluster.cluster.node_facts import ClusterFacts, NodeFacts
     from pytest_gpucluster.cluster.preflight import PreflightFinding
     from pytest_gpucluster.session.set_aside import split_nodes, stop_outcome
 
@@ -281,7 +282,8 @@ def test_a_preflight_stop_says_to_fix_the_settings_and_names_the_node():
         found="eth0, lo",
         message="vm: NCCL_SOCKET_IFNAME=bond0 matches no interface (has eth0, lo)",
     )
-    outcome = stop_outcome(split_nodes(["vm"], [found]))
+    facts = ClusterFacts((NodeFacts("vm"),), "this machine")
+    outcome = stop_outcome(split_nodes(["vm"], facts, [found], cuda=False))
     assert outcome is not None
     (f,) = findings_of([], [outcome], ["vm"])
     assert (f.host, f.reason, f.action) == ("vm", "workload failed", "rerun")

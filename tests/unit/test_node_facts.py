@@ -154,3 +154,61 @@ def test_nodes_lacking_a_capability_alike_are_named_in_one_sentence(tmp_path):
     nodes = tuple(facts_from(tmp_path, f"gpu-0{i}", NO_DRIVER, code=9) for i in range(1, 7))
     [sentence] = ClusterFacts(nodes, "t").missing("cuda")
     assert sentence.startswith("nodes gpu-01, gpu-02, gpu-03, gpu-04 and 2 more: lists no GPU (")
+
+
+class _NoPermission(Exception):
+    """What pynvml raises for ``NVML_ERROR_NO_PERMISSION`` (``NVMLError_NoPermission``, value 4)."""
+
+    value = 4
+
+
+class _StepNvml:
+    """An NVML inside a cgroup-constrained Slurm step: GPUs 0 and 1 are this job's, GPU 2's handle
+    answers NO_PERMISSION; GPU 1 has MIG enabled."""
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 3
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        if index == 2:
+            raise _NoPermission("Insufficient Permissions")
+        return index
+
+    def nvmlDeviceGetName(self, handle: int) -> str:
+        return "NVIDIA H200"
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str:
+        return f"GPU-{handle}"
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> object:
+        return type("Memory", (), {"total": 150_000_000_000})()
+
+    def nvmlDeviceGetPciInfo(self, handle: int) -> object:
+        return type("Pci", (), {"busId": f"00000000:0{handle}:00.0"})()
+
+    def nvmlDeviceGetMigMode(self, handle: int) -> tuple[int, int]:
+        return (1, 1) if handle == 1 else (0, 0)
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return 12040
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "550.163.01"
+
+    def nvmlDeviceGetNvLinkState(self, handle: int, link: int) -> int:
+        return 0
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list:
+        return []
+
+
+def test_a_gpu_nvml_may_not_read_is_skipped_and_named_and_mig_is_read():
+    from pytest_gpucluster.workloads.node_probe import gpu_facts
+
+    raw = gpu_facts(nvml=_StepNvml())
+    assert [g["index"] for g in raw["gpus"]] == [0, 1]
+    assert raw["skipped"] == ["GPU 2: NVML answered NO_PERMISSION (not this job's GPU)"]
+    node = node_facts({"host": "n1", "gpu": raw, "cuda_available": True, "device_count": 1})
+    assert (node.gpu_count, node.usable_gpu_count, node.mig_enabled) == (2, 1, (1,))
+    assert node.gpus_skipped == ("GPU 2: NVML answered NO_PERMISSION (not this job's GPU)",)
+    assert node.cuda_view() == "CUDA can use 1 of 2 (MIG enabled on GPU 1)"

@@ -495,6 +495,7 @@ def test_main_table_new_layout():
         "memory_used_mib": 1,
         "memory_total_mib": 46068,
         "util_percent": 0,
+        "mig_mode": "N/A",
     }
 
 
@@ -513,3 +514,11 @@ def test_module_level_to_json_matches_the_methods():
     assert (
         nvidia_smi.to_json(parse_smi_table(read("smi_h800_1gpu_525.txt")))["driver_version"] == "525.105.17"
     )
+
+
+def test_main_table_reads_the_mig_mode_column():
+    """The third row of a GPU block (``MIG M.``): Disabled on the real 8 x H200 table, N/A on an A40."""
+    h200 = parse_smi_table(read("smi_h200x8_550.163.01_mir_hw2.txt"))
+    assert [g.mig_mode for g in h200.gpus] == ["Disabled"] * 8
+    enabled = read("smi_h200x8_550.163.01_mir_hw2.txt").replace("Disabled |", "Enabled |", 1)
+    assert [g.mig_mode for g in parse_smi_table(enabled).gpus][:2] == ["Enabled", "Disabled"]
