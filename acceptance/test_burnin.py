@@ -43,6 +43,7 @@ from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning
 from pytest_gpucluster.fixtures import job_part, run_with_deadline
 from pytest_gpucluster.harness import Part, PartRun
 from pytest_gpucluster.inputs import read_texts
+from pytest_gpucluster.launch.xid_step import hold_listener
 from pytest_gpucluster.parsers.nccl_log import parse_nccl_log
 from pytest_gpucluster.plans import burnin as plans
 from pytest_gpucluster.plans.burnin_deadlines import counters_deadline, pair_deadline
@@ -165,7 +166,7 @@ def test_injected_straggler_is_named(
     assert problem is None, problem
 
 
-def _counters(cluster: Any, session: Any, hw: Any, phase: str) -> list[dict[str, Any]]:
+def _counters(cluster: Any, session: Any, hw: Any, phase: str, config: Any = None) -> list[dict[str, Any]]:
     if hw.cluster.device != "cuda":
         pytest.skip(f"profile {hw.name} is a CPU profile: no GPUs, so no ECC or XID counters to read")
     nodes = session.available_nodes
@@ -175,6 +176,17 @@ def _counters(cluster: Any, session: Any, hw: Any, phase: str) -> list[dict[str,
         "phase": phase,
         "max_s": plans.XID_WATCH_MAX_S,
     }
+    if phase == "before":  # under Slurm, inside an allocation: held as the controller's own step
+        log = session.results_dir / "xid-watch.log"
+        step, why = hold_listener(cluster, watch["dir"], plans.XID_WATCH_MAX_S, nodes, log)
+        if step is not None:
+            watch["held"] = True
+            if config is not None:
+                config.add_cleanup(step.stop)  # cancelled at the session's end if still there
+        elif why:
+            warnings.warn(
+                GpuClusterWarning(f"{why}; the first reading's job starts the listener"), stacklevel=2
+            )
     deadline = counters_deadline(nodes, session.settings)
     job = run_with_deadline(
         cluster,
@@ -206,7 +218,9 @@ def _counters_plan(when: str) -> Any:
 @launches(_counters_plan("before"))
 def test_counters_before(cluster: Any, gpucluster_session: Any, hw: Any, request: Any) -> None:
     """ECC, retired-page, remapped-row counters and XID events before the run (conftest runs this first)."""
-    request.config.stash[COUNTERS_BEFORE] = _counters(cluster, gpucluster_session, hw, "before")
+    request.config.stash[COUNTERS_BEFORE] = _counters(
+        cluster, gpucluster_session, hw, "before", request.config
+    )
 
 
 @pytest.mark.quick

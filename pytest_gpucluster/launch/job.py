@@ -47,7 +47,11 @@ from pytest_gpucluster.launch.result import JobResult, build_result
 from pytest_gpucluster.launch.xdist import launch_lock
 from pytest_gpucluster.workloads._runtime import JOB_FILE, JOB_ID_ENV, SESSION_ENV, write_json_atomic
 
+COMMANDS_FILE = "commands.json"
+"""In the job directory: ``[{"host", "argv"}]``, the launcher's commands as they were started."""
+
 __all__ = [
+    "COMMANDS_FILE",
     "RANK_DEADLINE_GRACE_S",
     "RENDEZVOUS_BASE_S",
     "RENDEZVOUS_PER_NODE_S",
@@ -265,6 +269,11 @@ class Cluster:
         if prepare is not None:  # files the commands name (hostfiles), written into the job dir
             prepare(job)
         commands = self.launcher.commands(job)
+        # What was launched, as argv lists (never the environment's values): a job's own record of
+        # its command line, e.g. the GPU request srun was given (docs/how-to/slurm.md).
+        write_json_atomic(
+            job.job_dir / COMMANDS_FILE, [{"host": c.host, "argv": list(c.argv)} for c in commands]
+        )
         cancels, reapers = self._cleanup_commands(job, commands)
         launch = LaunchSpec(
             job_id=job.job_id,

@@ -5,9 +5,12 @@ Two modes (``mode=``):
 - ``agent`` (default, seed 004's recipe): one task per node, each a torchrun agent that starts
   the node's ranks; several nodes meet at a c10d rendezvous on the first host.
 - ``tasks``: one task per rank; ranks come from ``SLURM_PROCID`` / ``SLURM_LOCALID`` (see
-  `workloads._runtime.RankIdentity`), ``MASTER_ADDR`` is the first host and ``MASTER_PORT``
-  the job's port. Slurm's block distribution puts task 0 on the first node of the step, which
-  is the first host when the hosts come in Slurm's own order (``SLURM_JOB_NODELIST``).
+  `workloads._runtime.RankIdentity`), ``MASTER_PORT`` is the job's port and ``MASTER_ADDR`` the
+  node where Slurm put task 0: block distribution puts it on the first node of the step *in
+  Slurm's order*, and srun sorts ``--nodelist`` into that order whatever order the hosts came in
+  (a hostfile, a pair whose suspect sorts after its partner). So each rank sets ``MASTER_ADDR``
+  from the first node of its ``SLURM_STEP_NODELIST`` (``GPUCLUSTER_MASTER_ADDR_FROM``), and the
+  first host given is only the fallback.
 
 Inside an allocation (``SLURM_JOB_ID`` set, from salloc or sbatch) srun starts a step of it;
 outside one it allocates a job for the step. Either way the step is named after the job id
@@ -64,16 +67,16 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 
 from pytest_gpucluster.cluster.ports import next_port
+from pytest_gpucluster.cluster.slurm_gpus import SITE_GPU_FLAGS
 from pytest_gpucluster.errors import GpuClusterWarning, LaunchError, SettingsError
 from pytest_gpucluster.launch.base import JobSpec, LaunchCommand, worker_argv_tail
 from pytest_gpucluster.launch.torchrun import TorchrunLauncher
-from pytest_gpucluster.workloads._runtime import JOB_ID_ENV
+from pytest_gpucluster.workloads._runtime import JOB_ID_ENV, MASTER_FROM_ENV
 
 __all__ = ["GPU_REQUESTS", "MODES", "SlurmLauncher", "allocation_hosts", "cancel_by_name", "split_args"]
 
 MODES = ("agent", "tasks")
 GPU_REQUESTS = ("gpus-per-node", "gres", "gpus-per-task")
-_SITE_GPU_FLAGS = ("--gpus-per-node", "--gres", "--gpus", "--gpus-per-task", "-G", "--tres-per-task")
 CANCEL_MODULE = "pytest_gpucluster.launch.slurm"
 
 Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
@@ -127,7 +130,7 @@ class SlurmLauncher:
         self.cpu_bind = cpu_bind
         self.overcommit = device == "cpu" if overcommit is None else overcommit
         self.port_picker = port_picker or next_port
-        self._site_gpus = any(a.split("=", 1)[0] in _SITE_GPU_FLAGS for a in self.extra_args)
+        self._site_gpus = any(a.split("=", 1)[0] in SITE_GPU_FLAGS for a in self.extra_args)
         if device == "cuda" and mode == "tasks" and (why := self.per_task_binding()):
             warnings.warn(GpuClusterWarning(why), stacklevel=2)
         if device == "cuda" and not self._site_gpus and not gpus_per_node:
@@ -221,7 +224,11 @@ class SlurmLauncher:
         env = dict(job.env)
         if self.mode == "tasks":
             port = job.rendezvous_port or self.port_picker()
+            # Where Slurm puts task 0, not the first host given: srun sorts --nodelist into its own
+            # order, so each rank reads the step's first node (workloads._runtime, MASTER_FROM_ENV).
+            # hosts[0] stays as the fallback for a rank that sees no SLURM_STEP_NODELIST.
             env["MASTER_ADDR"] = job.hosts[0]
+            env[MASTER_FROM_ENV] = "SLURM_STEP_NODELIST"
             env["MASTER_PORT"] = str(port)
         return env
 

@@ -78,7 +78,14 @@ def probe_for_auto(
     from pytest_gpucluster.launch.job import rendezvous_deadline
 
     deadline = rendezvous_deadline(1, settings.rendezvous_timeout) + PROBE_WORK_S
-    return cluster_probe.probe_each(cluster, options, timeout_s=deadline)
+    facts = cluster_probe.probe_each(cluster, options, timeout_s=deadline)
+    if settings.launcher == "slurm":  # several Slurm nodes and no GPU: an error, not cpu-local
+        from pytest_gpucluster.cluster.slurm_gpus import no_gpu_error
+        from pytest_gpucluster.errors import ProfileError
+
+        if problem := no_gpu_error(facts, cluster.launcher.extra_args):
+            raise ProfileError(problem)
+    return facts
 
 
 def provisional_cluster(settings: Settings, nodes: NodeList, results_dir: Path, session_tag: str) -> Any:
@@ -101,8 +108,12 @@ def provisional_cluster(settings: Settings, nodes: NodeList, results_dir: Path, 
         return None
     spec = replace(spec, hosts=tuple(h for h in spec.hosts if h[0] in nodes.hosts))
     kwargs: dict[str, Any] = {"extra_args": list(settings.launcher_args)} if settings.launcher_args else {}
-    if settings.launcher == "slurm":
-        kwargs |= {"mode": settings.slurm_mode, "overcommit": False}
+    if settings.launcher == "slurm":  # the nodes' GPUs asked for, or the step gets none (slurm_gpus)
+        from pytest_gpucluster.cluster.slurm_gpus import probe_gpu_request
+
+        site = list(settings.launcher_args or ())
+        gpus = probe_gpu_request(spec.host_names, site).args
+        kwargs |= {"mode": settings.slurm_mode, "overcommit": False, "extra_args": [*site, *gpus]}
     return Cluster(
         spec,
         get_launcher(settings.launcher, **kwargs),

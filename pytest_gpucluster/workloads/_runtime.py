@@ -22,6 +22,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import socket
 import time
 from dataclasses import dataclass, field
@@ -35,6 +36,10 @@ JOB_ID_ENV = "GPUCLUSTER_JOB_ID"
 SESSION_ENV = "GPUCLUSTER_SESSION"
 """Set beside the job id: ``host:pid:start`` of the pytest session that launched the job, so a
 later session can tell a leftover of a dead session from a job of a live one."""
+MASTER_FROM_ENV = "GPUCLUSTER_MASTER_ADDR_FROM"
+"""Set by the Slurm launcher in tasks mode to ``SLURM_STEP_NODELIST``: each rank takes ``MASTER_ADDR``
+from the first node of its step, where Slurm put task 0 (`slurm_step_first_node`), not from the
+controller's host list, whose order srun does not keep (it sorts ``--nodelist``)."""
 
 
 def rank_result_path(job_dir: Path, rank: int) -> Path:
@@ -81,6 +86,31 @@ def jsonable(obj: Any) -> Any:
     if isinstance(obj, (set, frozenset, tuple)):
         return list(obj)
     raise TypeError(f"a workload returned a {type(obj).__name__}, which is not JSON-serializable")
+
+
+def slurm_step_first_node(nodelist: str) -> str:
+    """The first host of a Slurm nodelist, as Slurm writes ``SLURM_STEP_NODELIST``: the first term
+    (commas outside brackets separate terms) with each bracket group at its first number.
+
+    With srun's block distribution task 0 runs on this node. (The full expansion lives in
+    ``cluster.nodelist``; a rank imports nothing from the package.)
+
+    >>> slurm_step_first_node("gpu-[07-09,12]-ib,login1")
+    'gpu-07-ib'
+    >>> slurm_step_first_node("rack[2-3]_blade[4,1]")
+    'rack2_blade4'
+    """
+    depth, end = 0, len(nodelist)
+    for i, ch in enumerate(nodelist):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            end = i
+            break
+    term = nodelist[:end].strip()
+    first = re.sub(r"\[\s*([0-9]+)[^\]]*\]", r"\1", term)
+    if not first or "[" in first or "]" in first:
+        raise ValueError(f"SLURM_STEP_NODELIST={nodelist!r} does not start with a host name Slurm writes")
+    return first
 
 
 @dataclass(frozen=True)
@@ -138,7 +168,10 @@ class RankIdentity:
         return RankIdentity(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, host=host)
 
     def export(self) -> None:
-        """Publish the torch.distributed variables, whichever launcher gave us the identity."""
+        """Publish the torch.distributed variables, whichever launcher gave us the identity (and,
+        under Slurm's tasks mode, ``MASTER_ADDR``: the first node of the step, `MASTER_FROM_ENV`)."""
+        if os.environ.get(MASTER_FROM_ENV) == "SLURM_STEP_NODELIST" and os.environ.get("SLURM_STEP_NODELIST"):
+            os.environ["MASTER_ADDR"] = slurm_step_first_node(os.environ["SLURM_STEP_NODELIST"])
         os.environ["RANK"] = str(self.rank)
         os.environ["WORLD_SIZE"] = str(self.world_size)
         os.environ["LOCAL_RANK"] = str(self.local_rank)

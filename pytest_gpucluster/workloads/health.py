@@ -206,9 +206,12 @@ def _xid_watch(ctx: RankContext, result: dict[str, Any], skipped: dict[str, str]
     if not watch.get("dir"):
         return
     if watch.get("phase") == "before":
-        ok, why = xid_watch.start(watch["dir"], float(watch.get("max_s", 86400.0)))
+        if watch.get("held"):  # the controller's own step listens (launch/xid_step.py)
+            ok, why = xid_watch.held(watch["dir"])
+        else:
+            ok, why = xid_watch.start(watch["dir"], float(watch.get("max_s", 86400.0)))
         if ok:
-            result["xid_watch"] = xid_watch.SOURCE
+            result["xid_watch"] = xid_watch.HELD_SOURCE if watch.get("held") else xid_watch.SOURCE
         else:
             skipped["xid_watch"] = f"{ctx.host}: {why}"
         return

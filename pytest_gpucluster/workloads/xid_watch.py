@@ -16,6 +16,16 @@ because the jobs that start and stop it are different jobs. Its state lives in `
 - ``events.jsonl``: one line per XID, ``{"xid", "gpu", "pci", "time"}``;
 - ``stop``: written by the last reading; the listener exits within a second of seeing it.
 
+Under Slurm a process a job leaves behind does not last: with ``proctrack/cgroup`` (Slurm's
+default where cgroups exist) slurmstepd kills everything left in a step's cgroup when the step ends,
+so a listener detached inside the first reading's job would die with it. There the controller holds
+the listener as a step of its own (``launch/xid_step.py``: ``srun --overlap ... python -m
+pytest_gpucluster.workloads.xid_watch DIR --held``): ``--held`` runs it in the foreground of that
+step, writing its own ``pid`` and printing one ``xid-watch ready on HOST`` (or ``xid-watch error on
+HOST: why``) line for the controller; the first reading only checks it is alive (`held`), the last
+collects and stops it as above, which ends the step, and the controller cancels the step at the
+session's end if it is still there.
+
 It never outlives its cap (``--max-s``): a session cut short leaves it running at most that long.
 It carries a job id of its own (``xid-watch-<folder>``) and the session's tag, so the job that
 starts it does not kill it with its own processes, and a later session's ``--gpucluster-reap``
@@ -31,6 +41,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -40,17 +51,28 @@ from typing import Any
 
 from pytest_gpucluster.workloads._runtime import JOB_ID_ENV
 
-__all__ = ["SOURCE", "collect", "listen", "start"]
+__all__ = ["HELD_SOURCE", "READY_LINE", "SOURCE", "collect", "held", "listen", "node_folder", "start"]
 
 SOURCE = "NVML XID events (a listener spanning the session)"
+HELD_SOURCE = (
+    "NVML XID events (a listener spanning the session, held as the controller's srun --overlap step)"
+)
+READY_LINE = "xid-watch ready on"
+"""The line a ``--held`` listener prints once listening (``xid-watch error on`` when it cannot)."""
 _READY_WAIT_S = 15.0
 _STOP_WAIT_S = 5.0
+
+
+def node_folder(state_dir: str | Path) -> Path:
+    """``state_dir`` on this node: ``{host}`` in it becomes this node's hostname (namespace test
+    nodes share one /tmp; a real node's /tmp is its own, and the session's folder names no host)."""
+    return Path(str(state_dir).replace("{host}", socket.gethostname()))
 
 
 def start(state_dir: str | Path, max_s: float, python: str = sys.executable) -> tuple[bool, str]:
     """Start the listener for this node (once: a running one is kept). ``(True, "")`` when it is
     listening, else ``(False, why)``."""
-    folder = Path(state_dir)
+    folder = node_folder(state_dir)
     folder.mkdir(parents=True, exist_ok=True)
     if _alive(folder):
         return True, ""
@@ -79,10 +101,23 @@ def start(state_dir: str | Path, max_s: float, python: str = sys.executable) -> 
     return False, f"the NVML XID listener did not register its GPUs within {_READY_WAIT_S:g} s"
 
 
+def held(state_dir: str | Path) -> tuple[bool, str]:
+    """Whether the listener the controller holds as a step (``--held``) is listening on this node."""
+    folder = node_folder(state_dir)
+    if _alive(folder):
+        return True, ""
+    said = (folder / "error").read_text().strip() if (folder / "error").exists() else ""
+    return False, (
+        f"the NVML XID listener the controller started as a step is not listening here ({said})"
+        if said
+        else "the NVML XID listener the controller started as a step is not running on this node"
+    )
+
+
 def collect(state_dir: str | Path) -> tuple[list[dict[str, Any]] | None, str]:
     """Stop the listener and return every XID it saw, or ``(None, why)`` when none listened for
     the whole session (never started on this node, or it died)."""
-    folder = Path(state_dir)
+    folder = node_folder(state_dir)
     if not (folder / "pid").exists():
         return (
             None,
@@ -139,7 +174,7 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
-def listen(state_dir: Path, max_s: float, pynvml: Any) -> int:
+def listen(state_dir: Path, max_s: float, pynvml: Any, on_ready: Any = None) -> int:
     """The listener's loop: register every GPU, append each XID to ``events.jsonl`` until ``stop``
     appears or ``max_s`` passes."""
     try:
@@ -157,6 +192,8 @@ def listen(state_dir: Path, max_s: float, pynvml: Any) -> int:
     end = time.monotonic() + max_s
     with open(state_dir / "events.jsonl", "a", encoding="utf-8") as out:
         (state_dir / "ready").write_text(f"{len(gpus)} GPU(s)\n")  # the events file exists from here on
+        if on_ready is not None:
+            on_ready(len(gpus))
         while time.monotonic() < end and not (state_dir / "stop").exists():
             try:
                 data = wait(event_set, 500)
@@ -178,17 +215,39 @@ def listen(state_dir: Path, max_s: float, pynvml: Any) -> int:
     return 0
 
 
+def _held_start(folder: Path) -> None:
+    """``--held``: this process is the listener (a step's task); clear a previous run's files."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("ready", "error", "stop", "events.jsonl"):
+        (folder / name).unlink(missing_ok=True)
+    (folder / "pid").write_text(f"{os.getpid()}\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("state_dir", type=Path)
     parser.add_argument("--max-s", type=float, required=True)
+    parser.add_argument("--held", action="store_true", help="run as a step's task, in the foreground")
     args = parser.parse_args(argv)
+    host = socket.gethostname()
+    args.state_dir = node_folder(args.state_dir)
+    if args.held:
+        _held_start(args.state_dir)
+
+    def ready(gpus: int) -> None:
+        if args.held:
+            print(f"{READY_LINE} {host}: {gpus} GPU(s)", flush=True)
+
     try:
         import pynvml
     except ImportError as exc:
         (args.state_dir / "error").write_text(f"pynvml is not importable ({exc}); pip install nvidia-ml-py\n")
-        return 1
-    return listen(args.state_dir, args.max_s, pynvml)
+        code = 1
+    else:
+        code = listen(args.state_dir, args.max_s, pynvml, on_ready=ready)
+    if args.held and code and (args.state_dir / "error").exists():
+        print(f"xid-watch error on {host}: {(args.state_dir / 'error').read_text().strip()}", flush=True)
+    return code
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ def test_slurm_agent_mode_two_nodes_rendezvous_on_the_first_host_with_extra_args
     ]  # fmt: skip
 
 
-def test_slurm_tasks_mode_one_task_per_rank_with_master_on_the_first_host():
+def test_slurm_tasks_mode_one_task_per_rank_with_master_from_the_steps_first_node():
     spec = job(hosts=("gpu01", "gpu02"), nproc_per_node=4, rendezvous_port=20101)
     (cmd,) = SlurmLauncher(mode="tasks").commands(spec)
     assert list(cmd.argv) == [
@@ -80,7 +80,10 @@ def test_slurm_tasks_mode_one_task_per_rank_with_master_on_the_first_host():
         "--distribution=block", "--kill-on-bad-exit=1", "--immediate=60", "--time=3", "--export=ALL",
         "--overcommit", "/py", *WORKER,
     ]  # fmt: skip
-    assert dict(cmd.env) == {**ENV, "MASTER_ADDR": "gpu01", "MASTER_PORT": "20101"}
+    # the first host given is only the fallback: each rank reads where Slurm put task 0
+    assert dict(cmd.env) == {
+        **ENV, "MASTER_ADDR": "gpu01", "MASTER_PORT": "20101", "GPUCLUSTER_MASTER_ADDR_FROM": "SLURM_STEP_NODELIST"
+    }  # fmt: skip
 
 
 def test_slurm_tasks_mode_single_node_takes_a_port_from_the_picker():
