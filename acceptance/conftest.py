@@ -38,6 +38,34 @@ def _cuda_profile(config: pytest.Config) -> bool:
     return session is not None and session.profile.model.cluster.device == "cuda"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under ``pytest -n N`` (pytest-xdist's ``--dist load``), distribute by ``loadgroup``: the same
+    as ``load`` except that the tests of one ``xdist_group`` run in one worker, so each before/after
+    pair (counters, fabric ports) reads its two readings in one process. Split, the after test would
+    fail NOT MEASURED (its before-reading is in another process): never a silent skip."""
+    # the mark is pytest-xdist's; declared here too, for runs without xdist (-p no:xdist)
+    config.addinivalue_line("markers", "xdist_group(name): run the tests of one group in one xdist worker")
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:  # a worker re-reads the command line, which says only -n: tell it
+        if workerinput.get("gpucluster_loadgroup"):
+            config.option.loadgroup = True  # xdist's worker then suffixes grouped node ids with @group
+    elif getattr(config.option, "dist", "no") == "load":
+        config.option.dist = "loadgroup"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist's controller, per worker: say that the run distributes by loadgroup."""
+    if node.config.getvalue("dist") == "loadgroup":
+        node.workerinput["gpucluster_loadgroup"] = True
+
+
+def _nodeid(item: pytest.Item) -> str:
+    """The node id without the ``@group`` pytest-xdist's loadgroup appends."""
+    nodeid = item.nodeid
+    return nodeid.rsplit("@", 1)[0] if "@" in nodeid and not nodeid.endswith("]") else nodeid
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _cuda_profile(config):
         for item in items:
@@ -46,8 +74,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 module, "NEEDS_CUDA_UNDER_CUDA_PROFILE", False
             ):
                 item.add_marker(pytest.mark.gpucluster(needs=["cuda"]))
-    first = [item for item in items if item.nodeid.endswith(FIRST)]
-    last = [item for item in items if item.nodeid.endswith(LAST)]  # str.endswith takes a tuple
+    first = [item for item in items if _nodeid(item).endswith(FIRST)]
+    last = [item for item in items if _nodeid(item).endswith(LAST)]  # str.endswith takes a tuple
     if first or last:
         middle = [item for item in items if item not in first and item not in last]
         items[:] = first + middle + last

@@ -38,9 +38,11 @@ from pytest_gpucluster.burnin.pairwise import localize
 from pytest_gpucluster.burnin.runner import ClusterPairRunner
 from pytest_gpucluster.burnin.stragglers import Sample, find_stragglers, sweep_samples, worst_per_host
 from pytest_gpucluster.checks.burnin import health, peers
+from pytest_gpucluster.checks.burnin.fabric_path import fabric_path
+from pytest_gpucluster.checks.burnin.lost import lost_check, lost_gpus
 from pytest_gpucluster.checks.ceilings import broken_above, memory_ceiling
 from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning
-from pytest_gpucluster.fixtures import job_part, run_with_deadline
+from pytest_gpucluster.fixtures import FABRIC_MODEL, job_part, run_with_deadline
 from pytest_gpucluster.harness import Part, PartRun
 from pytest_gpucluster.inputs import read_texts
 from pytest_gpucluster.launch.xid_step import hold_listener
@@ -140,7 +142,10 @@ def test_collective_stragglers(straggler_sweep: PartRun, hw: Any, judge: Any) ->
     """Ranks that arrive late at an all_reduce (their time outside the calls, against the median);
     with several nodes, each node's worst rank against the other nodes'."""
     limits = {"tolerance": hw.burnin.straggler_tolerance, "min_excess": hw.burnin.straggler_min_excess}
-    verdict = find_stragglers(sweep_samples(straggler_sweep.values), **limits)
+    samples = sweep_samples(straggler_sweep.values)
+    if len(samples) < 2:  # one rank has no peer to be late against: never a pass
+        pytest.skip(f"straggler detection needs 2+ ranks; the all_reduce sweep had {len(samples)}")
+    verdict = find_stragglers(samples, **limits)
     checks, named = peers.straggler_checks(verdict, "burnin.rank_collective_lag", LAG, "s")
     if len({s.host for s in verdict.samples}) > 1:
         by_node = find_stragglers(worst_per_host(verdict.samples), **limits)
@@ -166,7 +171,9 @@ def test_injected_straggler_is_named(
     assert problem is None, problem
 
 
-def _counters(cluster: Any, session: Any, hw: Any, phase: str, config: Any = None) -> list[dict[str, Any]]:
+def _counters(
+    cluster: Any, session: Any, hw: Any, phase: str, config: Any = None, *, read_before: bool = False
+) -> list[dict[str, Any]]:
     if hw.cluster.device != "cuda":
         pytest.skip(f"profile {hw.name} is a CPU profile: no GPUs, so no ECC or XID counters to read")
     nodes = session.available_nodes
@@ -197,7 +204,7 @@ def _counters(cluster: Any, session: Any, hw: Any, phase: str, config: Any = Non
         options={"xid_watch": watch},
         estimate_s=plans.counters_part(nodes, session.settings, backend=session.backend).estimate_s,
     )
-    if not any(v.get("nvml") for v in job.values):
+    if not read_before and not any(v.get("nvml") for v in job.values):  # after a reading: lost GPUs
         pytest.skip(
             "ECC/XID counters: " + (health.skip_sentence(job.values, "nvml") or "NVML returned nothing")
         )
@@ -215,6 +222,7 @@ def _counters_plan(when: str) -> Any:
 
 
 @pytest.mark.quick
+@pytest.mark.xdist_group("gpucluster-counters")  # before and after in one process (the plugin: loadgroup)
 @launches(_counters_plan("before"))
 def test_counters_before(cluster: Any, gpucluster_session: Any, hw: Any, request: Any) -> None:
     """ECC, retired-page, remapped-row counters and XID events before the run (conftest runs this first)."""
@@ -224,24 +232,32 @@ def test_counters_before(cluster: Any, gpucluster_session: Any, hw: Any, request
 
 
 @pytest.mark.quick
+@pytest.mark.xdist_group("gpucluster-counters")
 @launches(_counters_plan("after"))
 def test_counters_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any, request: Any) -> None:
     """The same counters after the run (conftest runs this last): uncorrectable ECC errors, retired
     pages and uncorrectable remapped rows that grew, a pending or failed row remap, and new XIDs
     fail, naming the GPU; corrected errors are recorded (gated as a rate where the profile says)."""
-    after = _counters(cluster, gpucluster_session, hw, "after")
     before = request.config.stash.get(COUNTERS_BEFORE, None)
-    if before is None:
-        pytest.skip(
-            "no before-reading of the ECC/XID counters (test_counters_before did not run in this process)"
+    after = _counters(
+        cluster, gpucluster_session, hw, "after", read_before=before is not None
+    )  # dry run: stops
+    if before is None and hw.cluster.device == "cuda":
+        # not a skip: a skip here would excuse the counters of a cluster that has them (fail closed)
+        pytest.fail(
+            "NOT MEASURED: no before-reading of the ECC/XID counters in this process (test_counters_before "
+            "did not run here: deselected, or on another pytest-xdist worker; the plugin groups the two "
+            "with --dist loadgroup, so pass -n with --dist load/loadgroup, not --dist each/worksteal)",
+            pytrace=False,
         )
+    lost = lost_gpus(before, after)
     grown = health.counter_increases(before, after)
     corrected = health.corrected_checks(before, after, hw.burnin, hw.name)
     xids = health.xid_readability_checks(before, after, require=hw.burnin.require_xid_source, profile=hw.name)
     for warning in health.xid_warnings(xids):  # a permission is not a sick node (burnin.require_xid_source)
         warnings.warn(GpuClusterWarning(warning), stacklevel=1)
-    checks = [peers.counter_check(grown), *corrected, *xids]
-    judge(checks, [*grown, *(health.suspect_of(c) for c in corrected if c.failed and c.measured)])
+    checks = [lost_check(lost), peers.counter_check(grown), *corrected, *xids]
+    judge(checks, [*lost, *grown, *(health.suspect_of(c) for c in corrected if c.failed and c.measured)])
 
 
 def test_version_drift(
@@ -272,11 +288,15 @@ def _pairwise_plan(session: Any, params: Any) -> list[Any]:
 @pytest.mark.gpucluster(needs=["multi-node"])
 @launches(_pairwise_plan)
 def test_pairwise_localization(
-    cluster: Any, gpucluster_session: Any, hw: Any, health_job: PartRun, judge: Any
+    cluster: Any, gpucluster_session: Any, hw: Any, health_job: PartRun, judge: Any, request: Any
 ) -> None:
     """Disjoint node pairs, then each node of a failing pair against a known-good node: the slow node
     or link is named in two rounds (about n/2 + 2 pair jobs, not n^2). A node slow on its own in the
-    health job (test_intra_node_stragglers) is kept out: it would only make its partner look bad."""
+    health job (test_intra_node_stragglers) is kept out: it would only make its partner look bad.
+    Where the run's fabric before-scan reached the InfiniBand fabric (acceptance/test_fabric.py),
+    slow pairs that all cross one leaf's uplinks, one leaf, one rail or the only spine between their
+    leaves are a ``fabric.ib.path`` finding naming that element and what to check, ahead of the
+    nodes, which are then not drained (``checks/burnin/fabric_path.py``)."""
     b, write = hw.burnin, gpucluster_session.progress or print
     alone = peers.slow_alone(health.intra_node_samples(health_job.values), b.straggler_tolerance)
     nodes = [n for n in cluster.spec.host_names[: gpucluster_session.available_nodes] if n not in alone]
@@ -289,4 +309,10 @@ def test_pairwise_localization(
     found = localize(nodes, runner, tolerance=b.straggler_tolerance, floor=b.pair_min_busbw)
     for line in found.lines():
         write(line)
-    judge(peers.pairwise_checks(found, runner.jobs, sorted(alone)), found.suspects)
+    checks, suspects = peers.pairwise_checks(found, runner.jobs, sorted(alone)), list(found.suspects)
+    model = request.config.stash.get(FABRIC_MODEL, None)
+    path = fabric_path(model, found) if model is not None and not found.ok else None
+    if path is not None and path.is_fabric:  # the element first; its nodes are not drained
+        write(path.line())
+        checks, suspects = [path.check, *checks], []
+    judge(checks, suspects)

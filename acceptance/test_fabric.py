@@ -38,7 +38,7 @@ from pytest_gpucluster.checks import fabric
 from pytest_gpucluster.checks.burnin import dcgm, soak
 from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning, ParseError
 from pytest_gpucluster.fabric_scan import suite_checks, suite_reading
-from pytest_gpucluster.fixtures import run_with_deadline
+from pytest_gpucluster.fixtures import FABRIC_MODEL, run_with_deadline
 from pytest_gpucluster.parsers.fabric_ports import FabricSnapshot, parse_snapshot
 from pytest_gpucluster.plans import burnin as plans
 from pytest_gpucluster.plans import soak as soak_plan
@@ -48,8 +48,9 @@ from pytest_gpucluster.session.plan import launches
 pytestmark = pytest.mark.burnin
 FABRIC_BEFORE = pytest.StashKey[list[FabricSnapshot]]()
 """test_fabric_before's reading, for test_fabric_after (same process: same xdist worker)."""
-IB_FABRIC_BEFORE = pytest.StashKey[Any]()
-"""The fabric-wide scan before the run (`fabric_scan.suite_reading`), where the controller reaches it."""
+IB_FABRIC_BEFORE = FABRIC_MODEL
+"""The fabric-wide scan before the run (`fabric_scan.suite_reading`), where the controller reaches it;
+the pairwise burn-in joins its slow pairs with it (acceptance/test_burnin.py)."""
 
 
 def _read_fabric(cluster: Any, session: Any, when: str) -> list[FabricSnapshot]:
@@ -90,6 +91,7 @@ def _fabric_plan(when: str) -> Any:
     return planned
 
 
+@pytest.mark.xdist_group("gpucluster-fabric")  # before and after in one process (the plugin: loadgroup)
 @launches(_fabric_plan("before"))
 def test_fabric_before(cluster: Any, gpucluster_session: Any, request: Any) -> None:
     """Every node's ports and interfaces before the run (conftest runs this first)."""
@@ -97,14 +99,21 @@ def test_fabric_before(cluster: Any, gpucluster_session: Any, request: Any) -> N
     request.config.stash[IB_FABRIC_BEFORE] = suite_reading(gpucluster_session.progress or print)
 
 
+@pytest.mark.xdist_group("gpucluster-fabric")
 @launches(_fabric_plan("after"))
 def test_fabric_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any, request: Any) -> None:
     """The same ports after the run (conftest runs this last): error counters that grew fail, naming
     node, device and port."""
-    after = _read_fabric(cluster, gpucluster_session, "after")
     before = request.config.stash.get(FABRIC_BEFORE, None)
+    after = _read_fabric(cluster, gpucluster_session, "after")  # a dry run stops here, printing the job
     if before is None:
-        pytest.skip("no before-reading of the fabric ports (test_fabric_before did not run in this process)")
+        # not a skip: a skip here would excuse the fabric counters of a cluster that has them
+        pytest.fail(
+            "NOT MEASURED: no before-reading of the fabric ports in this process (test_fabric_before did "
+            "not run here: deselected, or on another pytest-xdist worker; the plugin groups the two with "
+            "--dist loadgroup, so pass -n with --dist load/loadgroup, not --dist each/worksteal)",
+            pytrace=False,
+        )
     verdict = fabric.counter_checks(before, after, hw.fabric, hw.name, _selection_env(gpucluster_session))
     write = gpucluster_session.progress or print
     for node, ports in verdict.counted.items():

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from pytest_gpucluster.checks import inventory
+from pytest_gpucluster.checks.readiness import readiness_checks
 from pytest_gpucluster.cluster.preflight import preflight_checks
 from pytest_gpucluster.results.model import Check, ThresholdRef
 from pytest_gpucluster.session.start import judge_nodes
@@ -66,6 +67,17 @@ def test_gpu_model(hw: Any, nodes: Any, results: Any) -> None:
 
 
 @QUICK
+def test_gpu_memory(hw: Any, nodes: Any, results: Any) -> None:
+    """Each GPU's total memory against cluster.gpu_memory (a MIG slice or another part reports far less)."""
+    if hw.cluster.device != "cuda" or hw.cluster.gpu_memory is None:
+        pytest.skip(f"profile {hw.name} sets no GPU memory (cluster.gpu_memory)")
+    checks = inventory.gpu_memory_checks(nodes, hw)
+    if not checks:
+        pytest.fail("NOT MEASURED: no node listed a GPU to compare with cluster.gpu_memory", pytrace=False)
+    results.check_all(checks)
+
+
+@QUICK
 def test_same_versions(nodes: Any, results: Any) -> None:
     """Driver, CUDA driver, NCCL and torch are the same on every node."""
     checks = inventory.version_checks(nodes)
@@ -89,6 +101,19 @@ def test_no_foreign_gpu_processes(nodes: Any, results: Any) -> None:
     checks = inventory.foreign_process_checks(nodes)
     if not checks:
         pytest.skip("no node lists a GPU, so no GPU process to look for")
+    results.check_all(checks)
+
+
+@QUICK
+def test_node_readiness(hw: Any, nodes: Any, results: Any) -> None:
+    """Every node is ready before anything is measured on it (`checks.readiness`): Fabric Manager and
+    the GPUs' NVLink fabric state, fatal NVSwitch SXids, GPUDirect RDMA (nvidia_peermem or dma-buf),
+    memlock, ACS on the GPU<->NIC path, the IOMMU, pending/failed row remaps, retired pages,
+    persistence mode, stuck processes, PCIe AER errors and link width at rest. Each failure names
+    the node and its fix (docs/reference/readiness.md); a reading that needs root is NOT MEASURED."""
+    checks = readiness_checks(nodes, hw)
+    if not checks:
+        pytest.skip(f"profile {hw.name} sets no readiness threshold (readiness:) or no node answered")
     results.check_all(checks)
 
 

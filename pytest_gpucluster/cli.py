@@ -147,10 +147,14 @@ def cmd_parse_nodelist(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from pytest_gpucluster.results.baseline import read_results
+    from pytest_gpucluster.results.rejudge import rejudge
     from pytest_gpucluster.results.report import write_reports
 
     path = Path(args.results)
-    files = write_reports(read_results(path), Path(args.out) if args.out else path.parent)
+    # the verdict is derived again from the evidence (inventory, measurements), not taken as written
+    judged = rejudge(read_results(path))
+    print(f"gpucluster: {judged.note}", file=sys.stderr)
+    files = write_reports(judged.run, Path(args.out) if args.out else path.parent)
     for written in files.paths:
         print(written)
     if files.note:
@@ -228,7 +232,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = kinds.add_parser("nodelist", help='Slurm nodelist expression such as "node[001-008,010]"')
     p.add_argument("expr")
     p.set_defaults(func=cmd_parse_nodelist)
-    report = sub.add_parser("report", help="write report.md, report.html and summary.csv from a results.json")
+    report = sub.add_parser(
+        "report",
+        help="write report.md, report.html and summary.csv from a results.json, its fail-closed verdict "
+        "re-judged per node and GPU from the inventory and measurements it records",
+    )
     report.add_argument("results", metavar="RESULTS.json")
     report.add_argument("--out", metavar="DIR", help="where to write (default: the results file's directory)")
     report.set_defaults(func=cmd_report)

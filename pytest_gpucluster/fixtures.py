@@ -175,8 +175,13 @@ def nccl_env(gpucluster_session: GpuClusterSession) -> dict[str, str]:
 @pytest.fixture
 def results(gpucluster_session: GpuClusterSession, request: pytest.FixtureRequest) -> Recorder:
     """The recorder: ``results.check(metric, value, threshold, unit=..., scope=..., labels=...)``."""
-    gpucluster_session.recorder.current_test = request.node.nodeid
-    return gpucluster_session.recorder
+    recorder = gpucluster_session.recorder
+    recorder.current_test = request.node.nodeid
+    if recorder.explain is None and (facts := gpucluster_session.node_facts) is not None:
+        from pytest_gpucluster.checks.readiness import explainer  # a symptom names its readiness cause
+
+        recorder.explain = explainer(facts, gpucluster_session.profile.model)
+    return recorder
 
 
 @pytest.fixture
@@ -244,6 +249,12 @@ def rerun_part(shared_jobs: SharedJobs, request: pytest.FixtureRequest) -> Calla
 
 JOB_FAILURE = pytest.StashKey[JobFailed]()
 """The failed job of a test's `job_part` fixture, raised again when the test is called (plugin.py)."""
+
+FABRIC_MODEL = pytest.StashKey[Any]()
+"""The InfiniBand fabric model of the run's before-scan (`fabric_scan.suite_reading`: a
+``FabricModel``, or None where the controller does not reach the fabric); set by
+acceptance/test_fabric.py's test_fabric_before, read by its after-scan and by the pairwise burn-in,
+which names the fabric element its slow pairs all cross (``checks/burnin/fabric_path.py``)."""
 
 
 def job_part(planner: Planner) -> Any:

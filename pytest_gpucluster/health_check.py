@@ -43,16 +43,33 @@ class HealthVerdict:
     """One line: what failed, where, measured against what; or what passed."""
 
 
-def default_suite() -> Path | None:
-    """The acceptance suite of the checkout this package runs from, if there is one."""
-    suite = Path(__file__).resolve().parents[1] / "acceptance"
-    return suite if suite.is_dir() else None
+def default_suite(package_dir: Path | None = None) -> Path | None:
+    """The acceptance suite this package runs with: the one an installed wheel carries
+    (``pytest_gpucluster/acceptance``), else the top-level ``acceptance/`` of the checkout the
+    package runs from (a checkout, or an editable install of one: its parent holds pyproject.toml).
+
+    The installed copy is looked for first, and the checkout's only beside a pyproject.toml, so
+    that a wheel in ``site-packages`` never picks up another distribution's ``acceptance`` package.
+    """
+    package_dir = package_dir or Path(__file__).resolve().parent
+    installed = package_dir / "acceptance"
+    if (installed / "conftest.py").is_file():
+        return installed
+    checkout = package_dir.parent / "acceptance"
+    if (package_dir.parent / "pyproject.toml").is_file() and (checkout / "conftest.py").is_file():
+        return checkout
+    return None
 
 
 def pytest_argv(suite: Path, hw: str | None, results_dir: Path, extra: list[str]) -> list[str]:
-    """The quick tier on this machine only: no hostfile, torchrun (not srun inside an allocation)."""
+    """The quick tier on this machine only: no hostfile, torchrun (not srun inside an allocation).
+
+    ``--rootdir`` is the suite's parent, so test ids read ``acceptance/test_x.py::...`` both from a
+    checkout (its root, as ``pytest acceptance/``) and from a wheel (``site-packages/pytest_gpucluster``),
+    whatever directory the check is started from."""
     argv = [sys.executable, "-m", "pytest", str(suite), "-m", "quick", "-q", "-p", "no:cacheprovider",
-            f"--confcutdir={suite}", "--launcher=torchrun", f"--results-dir={results_dir}"]  # fmt: skip
+            f"--rootdir={suite.parent}", f"--confcutdir={suite}", "--launcher=torchrun",
+            f"--results-dir={results_dir}"]  # fmt: skip
     if hw:
         argv.append(f"--hw={hw}")
     return argv + list(extra)
@@ -84,8 +101,16 @@ def node_name(explicit: str | None) -> str:
 def run_health_check(args: argparse.Namespace) -> int:
     suite = Path(args.suite) if args.suite else default_suite()
     if suite is None or not suite.is_dir():
-        print("gpucluster health-check: no acceptance suite here: pass --suite DIR (the acceptance/ "
-              "directory of a pytest-gpucluster checkout)", file=sys.stderr)  # fmt: skip
+        where = (
+            f"{args.suite} is not a directory"
+            if args.suite
+            else (
+                "neither this installed package (pytest_gpucluster/acceptance, which a wheel carries) nor "
+                "a checkout around it (acceptance/ beside pyproject.toml) holds one"
+            )
+        )
+        print(f"gpucluster health-check: no acceptance suite here: {where}; reinstall pytest-gpucluster "
+              "from a wheel or pass --suite DIR (an acceptance/ directory)", file=sys.stderr)  # fmt: skip
         return 2
     node = node_name(args.node)
     with tempfile.TemporaryDirectory(prefix="gpucluster-health-") as tmp:
@@ -129,7 +154,11 @@ def add_health_check_command(sub: Any) -> None:
         "(for Slurm's HealthCheckProgram or a prolog; --drain drains the node)",
     )
     check.add_argument("--hw", help="hardware profile (default: auto, as pytest's --hw)")
-    check.add_argument("--suite", help="the acceptance directory (default: this checkout's acceptance/)")
+    check.add_argument(
+        "--suite",
+        help="the acceptance directory (default: the suite installed with the plugin, "
+        "pytest_gpucluster/acceptance, or a checkout's acceptance/)",
+    )
     check.add_argument(
         "--node", help="the Slurm node name (default: $SLURMD_NODENAME, else the short hostname)"
     )

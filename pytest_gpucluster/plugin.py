@@ -425,9 +425,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def _fail_closed(gc: GpuClusterSession) -> bool:
     """Every threshold the profile sets was measured, excused by a skip, or not run in this
     selection (``checks/fail_closed.py``); the rest fail here, as NOT MEASURED. True when any did."""
-    from pytest_gpucluster.checks.fail_closed import FAIL_CLOSED_TEST_ID, coverage
+    from pytest_gpucluster.checks.fail_closed import FAIL_CLOSED_TEST_ID, Inventory, coverage
 
-    found = coverage(gc.profile.model, gc.recorder.measurements, gc.recorder.outcomes)
+    if gc.settings.dry_run:
+        return False  # a dry run launches nothing: it plans, and judges no threshold
+    model = gc.profile.model
+    soak = bool(gc.settings.soak) or bool(gc.tier is not None and gc.tier.soak_s)
+    inventory = Inventory.of(model, gc.node_facts, soak=soak)
+    found = coverage(model, gc.recorder.measurements, gc.recorder.outcomes, inventory)
     gc.recorder.header["thresholds"] = found.to_json()
     if not found.checks:
         return False

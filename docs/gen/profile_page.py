@@ -184,21 +184,28 @@ def _shipped_owners() -> dict[str, set[str]]:
     return out
 
 
+_GRAIN = {"gpu": "per GPU", "node": "per node", "cluster": "once for the cluster"}
+"""Where a threshold must have a value (``checks.fail_closed_owners.Rule.grain``)."""
+
+
 def owners_of() -> dict[str, str]:
-    """Key pattern -> who judges it, as the page prints it."""
+    """Key pattern -> who judges it and where it must be measured, as the page prints it."""
     from pytest_gpucluster.checks import fail_closed
     from pytest_gpucluster.checks.nccl import EXPECTATIONS
 
     shipped = _shipped_owners()
     out: dict[str, str] = {}
-    for key, owners in fail_closed.OWNERS.items():
+    for key, rule in fail_closed.OWNERS.items():
+        owners = getattr(rule, "owners", rule)
         try:
             found = {str(o) for o in owners(None, ())}  # type: ignore[arg-type]
         except (AttributeError, TypeError, IndexError, ValueError, AssertionError):
             found = {o for pattern, names in shipped.items() if pattern.startswith(key) for o in names}
-        out[key] = ", ".join(code(o) for o in sorted(found)) or "per entry: `checks/fail_closed.py`"
+        text = ", ".join(code(o) for o in sorted(found)) or "per entry: `checks/fail_closed_owners.py`"
+        grain = _GRAIN.get(getattr(rule, "grain", ""), "")
+        out[key] = f"{text} ({grain})" if grain else text
     for name in EXPECTATIONS:
-        out[f"nccl.{name}"] = code(f"test_nccl.py::test_nccl_expectation[{name}]")
+        out[f"nccl.{name}"] = code(f"test_nccl.py::test_nccl_expectation[{name}]") + " (once for the cluster)"
     return out
 
 
@@ -221,9 +228,9 @@ def render_profile_keys() -> str:
         "written with their unit and read into the canonical one: "
         + "; ".join(f"{kind} in {unit or 'a bare number'} ({how})" for kind, unit, how in _uniq_units())
         + ". The format, with a complete example: [Profile format](profile-format.md).\n",
-        "**Judged by** names the tests that judge a threshold. At the end of a session every "
-        "threshold the profile sets must have a value from one of them, or the run fails it as NOT "
-        "MEASURED (see [Fail closed](../explanation/judged-or-said-why.md)); `[…]` is one parameter per "
+        "**Judged by** names the tests that judge a threshold, and where it must have a value: per "
+        "GPU, per node, or once for the cluster. At the end of a session every threshold the profile "
+        "sets must have a value from one of them there, or the run fails it as NOT MEASURED (see [Fail closed](../explanation/judged-or-said-why.md)); `[…]` is one parameter per "
         "entry of the list. A key with no test is a setting: it shapes the work, nothing is judged "
         "against it.\n",
         f"{len(keys)} keys, {sum(k.key in owners for k in keys)} of them thresholds.\n",

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pytest_gpucluster.checks.ib_fabric import rails_of
 from pytest_gpucluster.parsers.ib_fabric import FabricModel
 
-__all__ = ["PairOutcome", "PathVerdict", "elements_of", "localize_on_fabric"]
+__all__ = ["PairOutcome", "PathVerdict", "action_for", "elements_of", "localize_on_fabric"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,9 +50,23 @@ class PathVerdict:
     """Passing pairs crossing it."""
 
     def line(self) -> str:
-        where = "the fabric is not to blame" if self.element.startswith("host ") else "look at this element"
         return (f"{self.element}: all {self.slow} slow pairs cross it, {self.fast} passing pair(s) do "
-                f"-> {where}")  # fmt: skip
+                f"-> {action_for(self.element)}")  # fmt: skip
+
+
+def action_for(element: str) -> str:
+    """What an operator checks for an element ``localize_on_fabric`` names."""
+    kind, _, name = element.partition(" ")
+    if kind == "leaf" and name.endswith(" uplinks"):
+        leaf = name.removesuffix(" uplinks")
+        return f"check {leaf}'s uplinks (its cables, transceivers and ports to the spines)"
+    if kind == "leaf":
+        return f"check {name} (the switch, and its ports and cables to these nodes' HCAs)"
+    if kind == "spine":
+        return f"check {name} (the only spine between these leaves) and its ports"
+    if kind == "rail":
+        return f"check rail {name}: its leaves and every node's rail-{name} HCA, cable and port"
+    return f"look at node {name} (slow on every path it takes): the fabric is not to blame"
 
 
 def _topology(model: FabricModel) -> tuple[dict[tuple[str, int], str], dict[str, set[str]]]:

@@ -12,6 +12,7 @@ No pytest, no torch, no launching.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 
@@ -29,6 +30,7 @@ __all__ = [
     "fabric_checks",
     "foreign_process_checks",
     "gpu_count_checks",
+    "gpu_memory_checks",
     "gpu_model_checks",
     "nccl_backend_checks",
     "probe_checks",
@@ -117,6 +119,35 @@ def gpu_model_checks(facts: ClusterFacts, profile: ProfileModel) -> list[Check]:
             hint = f"node {node.host}: {matching} x {model}"
         checks.append(Check("inventory.gpus_matching_model", matching, "GPUs", profile.cluster.gpus_per_node, "==",
                             _ref(profile, "gpu_model"), labels={"host": node.host, "model": model}, hint=hint))  # fmt: skip
+    return checks
+
+
+GPU_MEMORY_FLOOR = 0.9
+"""The share of ``cluster.gpu_memory`` a GPU must report. Healthy parts report a little less than
+the marketed size: an H200 reports 143771 MiB, 99.6% of 141 GiB; an H100 SXM 81559 MiB, 99.6% of 80
+GiB; an L40S with ECC on 46068 MiB, 93.7% of 48 GiB (ECC's reserve on GDDR). A MIG slice, a smaller
+part of the same name or a GPU that lost memory reports far less (a 1g.18gb slice of an H200: 12.8%)."""
+
+
+def gpu_memory_checks(facts: ClusterFacts, profile: ProfileModel) -> list[Check]:
+    """Each GPU's total memory (as NVML or nvidia-smi report it) against ``cluster.gpu_memory``,
+    one check per GPU; a GPU whose total was not reported fails NOT MEASURED, naming it."""
+    want = profile.cluster.gpu_memory
+    if want is None:
+        return []
+    floor = want * GPU_MEMORY_FLOOR
+    checks = []
+    for node in _answered(facts):
+        for g in node.gpus:
+            have = math.nan if g.memory_bytes is None else float(g.memory_bytes)
+            hint = (
+                f"GPU {g.index} of {node.host} ({g.name}) reports {'no memory size' if math.isnan(have) else f'{have / 2**30:.1f} GiB'}; "
+                f"profile {profile.name} sets cluster.gpu_memory {want / 2**30:.0f} GiB, and a GPU must report at least "
+                f"{GPU_MEMORY_FLOOR:.0%} of it. Much less is a MIG slice, another part, or a GPU that lost memory: "
+                "look at nvidia-smi -q -d MEMORY on that node."
+            )
+            checks.append(Check("inventory.gpu_memory", have, "B", floor, ">=", _ref(profile, "gpu_memory"),
+                                labels={"host": node.host, "gpu": str(g.index)}, hint=hint))  # fmt: skip
     return checks
 
 

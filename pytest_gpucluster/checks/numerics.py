@@ -3,7 +3,7 @@
 Three verdicts on the digests and known answers every rank sent, and the throughput:
 
 - **agreement** (``numerics.agreement``, seeds, at most 0): ranks on the same platform (GPU part
-  and SM count, torch and CUDA versions; on a CPU its instruction set and threads — the rank's
+  and SM count, torch, CUDA, driver and cuBLAS versions; on a CPU its instruction set and threads — the rank's
   ``platform.key``) computed the same chain on the same inputs, and cuBLAS promises the same bits
   there. Per dtype and seed, the digest that more than half of those ranks produced is the answer;
   a rank that produced any other digest for a seed is in the minority for that seed. Where no

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_gpucluster.cluster.nccl_names import redact_env
+from pytest_gpucluster.cluster.readiness import NodeReadiness, node_readiness
 from pytest_gpucluster.errors import ParseError
 from pytest_gpucluster.parsers.fabric_ports import IbPort, parse_snapshot
 from pytest_gpucluster.parsers.nvidia_smi import parse_smi_processes, parse_smi_table
@@ -102,6 +103,9 @@ class NodeFacts:
     """Peer -> None when it answered the probe's TCP connect, else why not (`workloads.node_probe.reach`)."""
     error: str | None = None
     """Set when the probe did not come back from this node; every other field is then empty."""
+    readiness: NodeReadiness | None = None
+    """Fabric Manager, GPUDirect plumbing, memory health, host hazards (`cluster.readiness`);
+    None where the probe did not read them (an older probe, a stand-in)."""
 
     @property
     def gpu_count(self) -> int:
@@ -187,6 +191,7 @@ class NodeFacts:
         data["reach"] = dict(self.reach)
         data["mig_enabled"] = list(self.mig_enabled)
         data["gpus_skipped"] = list(self.gpus_skipped)
+        data["readiness"] = self.readiness.to_json() if self.readiness is not None else None
         return data
 
     @classmethod
@@ -200,6 +205,8 @@ class NodeFacts:
         values["reach"] = dict(data.get("reach") or {})
         values["mig_enabled"] = tuple(data.get("mig_enabled") or ())
         values["gpus_skipped"] = tuple(data.get("gpus_skipped") or ())
+        ready = data.get("readiness")
+        values["readiness"] = NodeReadiness.from_json(ready) if ready else None
         return cls(**{k: v for k, v in values.items() if k in cls.__dataclass_fields__})
 
 
@@ -297,6 +304,7 @@ def node_facts(record: Mapping[str, Any], host: str | None = None) -> NodeFacts:
         cuda_device_count=record.get("device_count"),
         cuda_visible_devices=record.get("cuda_visible_devices"),
         reach=dict(record.get("reach") or {}),
+        readiness=node_readiness(record["readiness"]) if record.get("readiness") else None,
         **extra,
     )
 

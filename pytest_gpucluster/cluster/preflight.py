@@ -209,6 +209,26 @@ def _gpus(node: NodeFacts, model: ProfileModel, profile: str, ranks_per_node: in
     return out
 
 
+NVML_FIX = "pip install nvidia-ml-py  (a dependency of pytest-gpucluster: pip install -e . in its checkout brings it)"
+"""The one line that gives a node NVML's Python binding (``pynvml``)."""
+
+
+def _nvml(node: NodeFacts, model: ProfileModel) -> list[PreflightFinding]:
+    """Under a CUDA profile, a node whose GPUs NVML could not read: without ``pynvml`` every NVLink
+    test, the ECC/XID counters and the GPU health readings would have nothing to read there. Not a
+    capability the cluster lacks (the GPUs are there), so never an excuse: an error with its fix."""
+    why = node.capabilities()["nvml"]
+    if model.cluster.device != "cuda" or not node.gpus or why is None or "pynvml" not in why:
+        return []  # only the missing package; a driver whose NVML fails is the inventory's to judge
+    return [
+        PreflightFinding(
+            node.host, "NVML", "NVML's Python binding (NVLink state, ECC/XID counters, GPU health)", why,
+            f"{node.host}: NVML cannot be read ({why}); the NVLink, counter and GPU health tests would have "
+            f"nothing to read on this GPU node. Fix: {NVML_FIX}",
+        )
+    ]  # fmt: skip
+
+
 def _version_core(text: str) -> str:
     """``2.17.1-1+cuda12.1`` -> ``2.17.1``: the NCCL release, without the package's build suffixes."""
     return text.strip().split("-", 1)[0].split("+", 1)[0]
@@ -253,6 +273,7 @@ def preflight(
         if nccl and (value := env.get("NCCL_IB_HCA", "").strip()):
             findings += _hcas(node, value, env_origin.get("NCCL_IB_HCA", "?"))
         findings += _gpus(node, model, model.name, ranks_per_node, ranks_origin)
+        findings += _nvml(node, model)
         if model.cluster.device == "cuda":
             findings += _mig(node, model, model.name)
         if nccl:

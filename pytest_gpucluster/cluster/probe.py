@@ -36,8 +36,10 @@ PARALLEL_PROBES = 32
 """Probe jobs started at once (the launchers start a few processes each on the controller)."""
 
 __all__ = [
+    "FM_LOG_ENV",
     "PROBE_FILE",
     "PROBE_WORKLOAD",
+    "PROC_ROOT_ENV",
     "REACH_PEERS",
     "SYSFS_ROOT_ENV",
     "probe_cluster",
@@ -52,13 +54,22 @@ PROBE_WORKLOAD = "pytest_gpucluster.workloads.node_probe:probe"
 PROBE_FILE = "probe.json"
 """Where the controller leaves the facts in the results directory (pytest-xdist workers read it)."""
 SYSFS_ROOT_ENV = "GPUCLUSTER_SYSFS_ROOT"
+PROC_ROOT_ENV = "GPUCLUSTER_PROC_ROOT"
+"""As ``GPUCLUSTER_SYSFS_ROOT``, for the procfs the readiness probe reads (limits, D state, driver)."""
+FM_LOG_ENV = "GPUCLUSTER_FM_LOG"
+"""Fabric Manager's log file on the nodes (default ``/var/log/fabricmanager.log``; ``{host}`` replaced)."""
 PROBE_WORK_S = 60.0
 """The probe's own work on a node (nvidia-smi, sysfs, importing torch), past the start-up deadline."""
 
 
 def probe_options(env_patterns: Sequence[str], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     env = os.environ if environ is None else environ
-    return {"env_patterns": list(env_patterns), "sysfs_root": env.get(SYSFS_ROOT_ENV) or None}
+    return {
+        "env_patterns": list(env_patterns),
+        "sysfs_root": env.get(SYSFS_ROOT_ENV) or None,
+        "proc_root": env.get(PROC_ROOT_ENV) or None,
+        "fm_log": env.get(FM_LOG_ENV) or None,
+    }
 
 
 def probe_here(options: Mapping[str, Any]) -> ClusterFacts:
@@ -69,6 +80,8 @@ def probe_here(options: Mapping[str, Any]) -> ClusterFacts:
         socket.gethostname(),
         env_patterns=options.get("env_patterns") or (),
         sysfs_root=options.get("sysfs_root"),
+        proc_root=options.get("proc_root"),
+        fm_log=options.get("fm_log"),
     )
     return ClusterFacts(
         (node_facts(record),), "this machine (read in the pytest process: every host is local)"

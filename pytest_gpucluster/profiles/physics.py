@@ -161,6 +161,34 @@ def _check_scope_ranks(out: Collector, model: ProfileModel) -> None:
         )
 
 
+_NO_NVSWITCH_FORMS = ("-pcie", "-nvl")
+"""Part keys whose NVLink (if any) is a bridge between pairs of cards: no NVSwitch, no Fabric Manager."""
+_RDMA = ("ib", "roce", "efa")
+
+
+def _check_readiness(out: Collector, model: ProfileModel, peaks: Peaks) -> None:
+    """Readiness requirements the hardware the profile names cannot have, or cannot use."""
+    ready = model.readiness
+    device = peaks.device
+    if ready.fabric_manager and device is not None:
+        bridged = device.key.endswith(_NO_NVSWITCH_FORMS)
+        if device.nvlink_links == 0 or bridged:
+            what = "has no NVLink" if device.nvlink_links == 0 else "links pairs of cards by NVLink bridges"
+            out.error(
+                ("readiness", "fabric_manager"),
+                f"readiness.fabric_manager: true, but {device.part} ({device.key}) {what}: there is no NVSwitch "
+                "for Fabric Manager to configure, so the check could never pass. Remove the key.",
+            )
+    rdma = [name for name in ("gpudirect_rdma", "acs_disabled") if getattr(ready, name)]
+    if rdma and not any(kind in model.cluster.interconnects for kind in _RDMA):
+        out.warning(
+            ("readiness", rdma[0]),
+            f"readiness.{', readiness.'.join(rdma)} judge the GPUDirect RDMA path, but cluster.interconnects "
+            f"({', '.join(model.cluster.interconnects) or 'none'}) names no ib, roce or efa: a node would "
+            "fail for a path this profile never uses. Add the fabric to interconnects or remove the keys.",
+        )
+
+
 def check_profile(model: ProfileModel, devices: tuple[Device, ...] | None = None) -> PhysicsReport:
     """Hold every threshold of a validated profile against the peaks of its hardware."""
     out = Collector()
@@ -175,5 +203,6 @@ def check_profile(model: ProfileModel, devices: tuple[Device, ...] | None = None
         check_case(out, index, case, model, peaks)
     _check_burnin(out, model, peaks)
     _check_numerics(out, model, peaks)
+    _check_readiness(out, model, peaks)
     check_scaling(out, model)
     return out.report()

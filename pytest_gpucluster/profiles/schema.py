@@ -33,6 +33,7 @@ from pytest_gpucluster.profiles.schema_burnin import (  # noqa: F401 - re-export
     SoakSettings,
 )
 from pytest_gpucluster.profiles.schema_numerics import NumericsSection
+from pytest_gpucluster.profiles.schema_readiness import ReadinessSection
 from pytest_gpucluster.profiles.schema_run import (  # noqa: F401 - re-exported
     LaunchSection,
     RegressionSection,
@@ -355,6 +356,7 @@ class ProfileModel(Section):
     launch: LaunchSection = Field(default_factory=LaunchSection)
     fabric: FabricSection = Field(default_factory=FabricSection)
     numerics: NumericsSection = Field(default_factory=NumericsSection)
+    readiness: ReadinessSection = Field(default_factory=ReadinessSection)
     tiers: TiersSection = Field(default_factory=TiersSection)
     versions: dict[str, str] = Field(default_factory=dict)
     """Pins or bounds for driver, CUDA, NCCL, plugin and torch (the burn-in's version checks)."""

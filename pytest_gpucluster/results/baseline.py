@@ -84,6 +84,8 @@ class RunResults:
     jobs: tuple[dict[str, Any], ...] = ()
     """Each job's parts, nodes x ranks, estimate and real time (``harness.job_timing``): what a
     later dry run calibrates its plan with (``plans/calibration.py``)."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    """The settings the run was made with, each ``{"value", "source"}`` (re-judging reads soak mode)."""
     plan: dict[str, Any] | None = None
     """The session's plan (``plans/session_plan.py``): its estimated total, per tier and per job."""
 
@@ -127,6 +129,7 @@ class RunResults:
             tier=data.get("tier") if isinstance(data.get("tier"), Mapping) else None,
             jobs=tuple(dict(j) for j in data.get("jobs") or () if isinstance(j, Mapping)),
             plan=dict(data["plan"]) if isinstance(data.get("plan"), Mapping) else None,
+            settings=dict(data["settings"]) if isinstance(data.get("settings"), Mapping) else {},
             nodes=tuple(
                 dict(n) for n in (data.get("nodes") or {}).get("nodes") or () if isinstance(n, Mapping)
             ),

@@ -19,20 +19,30 @@ Reason classes (`REASONS`):
   rank crashed or hung, a wrong result.
 - ``not measured`` — the profile sets a threshold the run has no value for, or the value is a
   broken measurement (above the physical ceiling of its path): a set-up gap, never a pass.
+- ``node setup`` — a node readiness check (`checks.readiness`) failed on something an operator
+  fixes without touching hardware: a service, a kernel module, a limit, a BIOS setting. Its
+  ``fix`` says exactly what (``start nvidia-fabricmanager``, ``load nvidia_peermem``).
 
 The action ladder (`LADDER`), cheapest first; a finding gets the lowest rung that its evidence
 supports, and an operator climbs one rung when the same finding comes back after the action:
 
 1. ``rerun`` — the run (or the named test) once more: every threshold, workload and not-measured
    finding, after fixing what its message names (set-up, profile key).
-2. ``drain node`` — take the host out of scheduling (``scontrol update ... State=DRAIN``): a host
+2. ``fix node setup`` — do the finding's ``fix`` on the node (start a service, load a module,
+   raise a limit, change a BIOS setting), then rerun: node readiness findings of class ``node setup``.
+3. ``drain node`` — take the host out of scheduling (``scontrol update ... State=DRAIN``): a host
    that misses while its peers pass and no GPU or port is named.
-3. ``reset GPU`` — ``nvidia-smi -r`` on the drained node: a GPU that misses while its peers pass,
+4. ``reset GPU`` — ``nvidia-smi -r`` on the drained node: a GPU that misses while its peers pass,
    or a GPU health counter (uncorrected ECC, XID under load, clocks, throttling).
-4. ``reseat/replace cable or NIC`` — a port or a link (a pair of nodes) that is down, slow or
+5. ``reseat/replace cable or NIC`` — a port or a link (a pair of nodes) that is down, slow or
    counting errors.
-5. ``RMA`` — return the part: a GPU whose memory can no longer be repaired (row-remap failure,
+6. ``RMA`` — return the part: a GPU whose memory can no longer be repaired (row-remap failure,
    retired pages), or any hardware finding that persists after the rungs above.
+
+Node readiness findings carry their rung and their ``fix`` from `checks.readiness.REMEDIES` (a
+pending row remap: ``reset GPU``, fix "reset GPU to apply pending row remaps"). A symptom (an
+NVLink, GPUDirect or busbw value that failed) on a node with a failed readiness check names it as
+its likely ``cause``: "GPUDirect off on gpu-node-017: nvidia_peermem not loaded".
 
 Pure data; no pytest, no I/O.
 """
@@ -43,10 +53,11 @@ import math
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pytest_gpucluster.burnin.drain import Suspect
+from pytest_gpucluster.checks.readiness import REMEDIES, cause_of, readiness_causes
 from pytest_gpucluster.results.model import PREFLIGHT_TEST_ID, SET_ASIDE_METRIC, Measurement, TestOutcome
 from pytest_gpucluster.results.text import failure_message, format_value
 
@@ -62,12 +73,16 @@ __all__ = [
     "problem_of",
 ]
 
-ReasonClass = Literal["hardware", "threshold", "workload failed", "not measured"]
-Action = Literal["rerun", "drain node", "reset GPU", "reseat/replace cable or NIC", "RMA"]
-REASONS: tuple[ReasonClass, ...] = ("hardware", "threshold", "workload failed", "not measured")
-LADDER: tuple[Action, ...] = ("rerun", "drain node", "reset GPU", "reseat/replace cable or NIC", "RMA")
+ReasonClass = Literal["hardware", "threshold", "workload failed", "not measured", "node setup"]
+Action = Literal["rerun", "fix node setup", "drain node", "reset GPU", "reseat/replace cable or NIC", "RMA"]
+REASONS: tuple[ReasonClass, ...] = ("hardware", "node setup", "threshold", "workload failed", "not measured")
+LADDER: tuple[Action, ...] = (
+    "rerun", "fix node setup", "drain node", "reset GPU", "reseat/replace cable or NIC", "RMA"
+)  # fmt: skip
 ACTIONS: Mapping[Action, str] = {
     "rerun": "run it again after fixing what the message names; climb the ladder if it comes back",
+    "fix node setup": "do the finding's fix on the node (start a service, load a module, raise a limit, "
+    "change a BIOS setting), then rerun",
     "drain node": "drain the host (scontrol update NodeName=<host> State=DRAIN) and look at it",
     "reset GPU": "drain the host, reset the GPU (nvidia-smi -r -i <gpu>) and rerun its burn-in",
     "reseat/replace cable or NIC": "reseat or replace the cable, transceiver or NIC of the port/link",
@@ -139,6 +154,10 @@ class Finding:
     """The raw failure text (the check's failure sentence or the test's message)."""
     problem: str | None = None
     """``not measured`` / ``broken measurement`` when the check said so."""
+    fix: str | None = None
+    """The concrete action of a readiness finding: ``start nvidia-fabricmanager``."""
+    cause: str | None = None
+    """For a symptom, the failed readiness check on its node that likely explains it."""
 
     @property
     def component(self) -> str | None:
@@ -169,7 +188,9 @@ class Finding:
         values = (
             f": {self.value_text()} (expected {self.threshold_text()})" if self.threshold is not None else ""
         )
-        return f"{self.where()}: {what}{values} -> {self.reason}; {self.action}"
+        fix = f": {self.fix}" if self.fix else ""
+        cause = f" (likely cause: {self.cause})" if self.cause else ""
+        return f"{self.where()}: {what}{values}{cause} -> {self.reason}; {self.action}{fix}"
 
     @property
     def rank(self) -> int:
@@ -184,7 +205,7 @@ class Finding:
             "why": self.why,
             "where": self.where(),
         }
-        for name in ("host", "gpu", "port", "scope", "test_id", "problem"):
+        for name in ("host", "gpu", "port", "scope", "test_id", "problem", "fix", "cause"):
             if getattr(self, name):
                 out[name] = getattr(self, name)
         if self.measured is not None or self.threshold is not None:
@@ -226,6 +247,8 @@ class Finding:
             test_id=str(data.get("test_id", "")),
             message=str(data.get("message", "")),
             problem=data.get("problem"),
+            fix=data.get("fix"),
+            cause=data.get("cause"),
         )
 
 
@@ -309,6 +332,9 @@ def _classify(m: Measurement, peers: _Peers) -> tuple[ReasonClass, Action, str]:
             else ("no value for a threshold the profile sets")
         )
         return "not measured", "rerun", f"{what}: fix the measurement or the set-up it names, then rerun"
+    remedy = REMEDIES.get(m.metric)
+    if remedy is not None:
+        return remedy.reason, remedy.action, f"a node readiness check ({remedy.cause}): {remedy.fix}"  # type: ignore[return-value]
     host, gpu, port = host_of(m.labels), gpu_of(m.labels), port_of(m.metric, m.labels)
     judged, failing = peers.judged, peers.failing
     health = m.metric.startswith(HARDWARE_METRICS)
@@ -360,6 +386,7 @@ def _from_measurement(m: Measurement, peers: _Peers) -> Finding:
         test_id=m.test_id,
         message=failure_message(m),
         problem=problem_of(m),
+        fix=REMEDIES[m.metric].fix if m.metric in REMEDIES and reason != "not measured" else None,
     )
 
 
@@ -476,7 +503,20 @@ def findings_of(
     for o in outcomes:
         if o.outcome in ("failed", "error") and o.category != "pass" and o.test_id not in with_failed_values:
             found.append(_from_outcome(o, hosts))
+    causes = readiness_causes(m for m in latest.values() if m.metric.startswith("readiness."))
+    if causes:
+        found = [_with_cause(f, causes, hosts) for f in found]
     found.sort(
         key=lambda f: (-f.rank, REASONS.index(f.reason), f.host or "~", f.gpu or "", f.port or "", f.metric)
     )
     return found
+
+
+def _with_cause(f: Finding, causes: Mapping[str, Any], hosts: Sequence[str]) -> Finding:
+    """A symptom on a node with a failed readiness check names that check as its likely cause."""
+    if f.metric.startswith("readiness."):
+        return f
+    cause = cause_of(f.metric, f.host, causes, list(hosts) or list(causes))
+    if cause is None:
+        return f
+    return replace(f, cause=cause, why=f"{f.why}; likely cause: {cause}")

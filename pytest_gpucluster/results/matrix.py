@@ -45,7 +45,7 @@ class Area:
 
 
 AREAS: tuple[Area, ...] = (
-    Area("inventory", "inventory", ("inventory.",), ("*test_inventory.py::*",)),
+    Area("inventory", "inventory", ("inventory.", "cluster.", "versions"), ("*test_inventory.py::*",)),
     Area("preflight", "preflight", ("preflight.",), ("*test_preflight*",)),
     Area("coll_intra", "collectives intra", ("collectives.",), ("*test_collectives.py::*",)),
     Area(
@@ -69,6 +69,7 @@ AREAS: tuple[Area, ...] = (
             "burnin.retired_pages",
             "burnin.row_remap_failure",
             "burnin.counter_increases",
+            "burnin.gpus_lost",
         ),
         ("*test_burnin.py::test_counters_*",),
     ),
@@ -83,7 +84,9 @@ def _best(candidates: Iterable[tuple[int, Area]]) -> Area | None:
 
 
 def area_of(metric: str, scope: str | None = None, areas: Sequence[Area] = AREAS) -> Area | None:
-    """The area of a metric: the longest matching prefix, a scoped area before an unscoped one."""
+    """The area of a metric: the longest matching prefix, a scoped area before an unscoped one. A
+    profile key that was not measured (``profile.burnin.min_matmul``) is in the area of its key."""
+    metric = metric.removeprefix("profile.")
     return _best(
         (len(prefix) + (1000 if a.scope else 0), a)
         for a in areas

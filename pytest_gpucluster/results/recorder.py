@@ -59,6 +59,10 @@ class Recorder:
     """The regression gate when the run has a ``--baseline``."""
     attempt: int = 1
     """The ``attempt`` of the values recorded now (3 while suspects are retested, ``results/retest.py``)."""
+    explain: Callable[[Measurement], str | None] | None = None
+    """A failed value's likely cause from the nodes' readiness (`checks.readiness.explainer`):
+    appended to its failure line, so an NVLink or busbw miss on a node without Fabric Manager or
+    nvidia_peermem says so."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __repr__(self) -> str:
@@ -90,7 +94,7 @@ class Recorder:
             self._record(confirmations)
             regression_lines = review.lines
         judged = [*recorded, *confirmations]
-        missed = [failure_message(m) for m in judged if m.failed and m.judged]
+        missed = [self._explained(m) for m in judged if m.failed and m.judged]
         unmeasured = [failure_message(m) for m in judged if m.failed and not m.judged]
         lines = [*missed, *unmeasured]
         if lines and footer:
@@ -105,6 +109,11 @@ class Recorder:
         if unmeasured:
             raise NotMeasured("\n".join(lines))
         return recorded
+
+    def _explained(self, m: Measurement) -> str:
+        text = failure_message(m)
+        cause = self.explain(m) if self.explain is not None else None
+        return f"{text} Likely cause: {cause}." if cause else text
 
     def _record(self, checks: Iterable[Check | Measurement]) -> list[Measurement]:
         now = time.time()

@@ -31,7 +31,8 @@ TITLE = "GPU cluster acceptance report"
 
 def _finding_row(f: Finding) -> tuple[str, ...]:
     what = f.metric + (f" [{f.scope}]" if f.scope else "")
-    return (f.where(), what, f.value_text(), f.threshold_text(), f.source or "-", f.reason, f.action)
+    action = f.action + (f": {f.fix}" if f.fix else "")  # a readiness finding's concrete fix
+    return (f.where(), what, f.value_text(), f.threshold_text(), f.source or "-", f.reason, action)
 
 
 FINDING_HEADER = ("where", "what", "measured", "threshold", "threshold from", "reason", "next action")

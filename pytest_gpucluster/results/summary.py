@@ -98,14 +98,15 @@ def failure_lines(outcomes: Sequence[TestOutcome]) -> list[str]:
 
 
 def threshold_lines(thresholds: Mapping[str, Any] | None) -> list[str]:
-    """The fail-closed tally (``checks/fail_closed.py``): thresholds whose tests were skipped (with
-    the reason) and those not run in this selection; the unmeasured ones fail as checks."""
+    """The fail-closed tally (``checks/fail_closed.py``): thresholds excused by a capability the
+    cluster lacks (which, and why) and those not run in this selection; the unmeasured ones fail as
+    checks, per node and GPU where they are missing."""
     if not thresholds:
         return []
     lines = []
     excused = thresholds.get("excused") or []
     if excused:
-        lines.append(f"thresholds not judged, their tests skipped: {len(excused)}")
+        lines.append(f"thresholds not judged, the cluster lacks what their tests need: {len(excused)}")
         lines += [f"  {e['key']}: {e['why']}" for e in excused]
     not_run = thresholds.get("not_run") or []
     judged = thresholds.get("measured") or excused or thresholds.get("not_measured")
@@ -117,6 +118,13 @@ def threshold_lines(thresholds: Mapping[str, Any] | None) -> list[str]:
         lines.append(
             f"NOT MEASURED: {len(missing)} threshold(s) the profile sets had no value: {', '.join(missing)}"
         )
+        where = [w for w in thresholds.get("not_measured_where") or () if w.get("host")]
+        if where:
+            named = ", ".join(
+                f"{w['key']} on {w['host']}" + (f" GPU {w['gpu']}" if w.get("gpu") is not None else "")
+                for w in where[:8]
+            )
+            lines.append(f"  missing on: {named}" + (f" and {len(where) - 8} more" if len(where) > 8 else ""))
     return lines
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_gpucluster.profiles.snapshot import snapshot
 from pytest_gpucluster.results.fingerprint import fingerprint, redact
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ def header_record(session: GpuClusterSession) -> dict[str, Any]:
             "chain": [str(p) for p in session.profile.chain],
             "sha256": session.profile.sha256,
             "reason": session.profile_reason,
+            "model": snapshot(model),  # what `gpucluster report` re-judges the evidence under
         },
         "settings": {
             dest: {"value": _plain(s.value), "source": s.source}

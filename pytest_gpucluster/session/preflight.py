@@ -17,6 +17,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from pytest_gpucluster.checks.readiness import readiness_preflight
 from pytest_gpucluster.cluster.node_facts import ClusterFacts
 from pytest_gpucluster.cluster.preflight import PreflightFinding, preflight
 from pytest_gpucluster.profiles.loader import LoadedProfile
@@ -53,7 +54,7 @@ def run_preflight(
     """The findings on every probed node; None: not judged (no facts, or nothing to launch)."""
     if facts is None or settings.train_log or settings.nccl_log:
         return None
-    return preflight(
+    findings = preflight(
         facts,
         profile.model,
         env=nccl_env,
@@ -61,6 +62,8 @@ def run_preflight(
         ranks_per_node=ranks_per_node,
         ranks_origin=_ranks_origin(profile, settings),
     )
+    # node readiness (checks/readiness.py): warnings naming the node and the fix; the inventory fails them
+    return findings + readiness_preflight(facts, profile.model)
 
 
 def preflight_record(facts: ClusterFacts, findings: list[PreflightFinding]) -> dict[str, Any]:

@@ -160,7 +160,12 @@ def fan_out(
     probe = fanned.get("nodes")
     if isinstance(probe, dict) and probe.get("nodes"):
         template = probe["nodes"][0]
-        probe["nodes"] = [{**template, "host": node} for node in names]
+        real = list(template.get("gpus") or [])
+        part = real[0] if real else {"name": "stand-in GPU", "memory_bytes": None}
+        gpus = real if len(real) == gpus_per_node else [
+            {**part, "index": g, "uuid": None, "bus_id": None} for g in range(gpus_per_node)
+        ]  # fmt: skip  # the inventory lists the GPUs the fanned values name, as a GPU node's probe would
+        probe["nodes"] = [{**template, "host": node, "gpus": gpus} for node in names]
     fanned["measurements"] = out
     fanned["outcomes"] = _outcomes(results.get("outcomes") or (), out)
     planted = Planted(

@@ -70,10 +70,21 @@ class TopologySpec:
     slow: tuple[tuple[str, int], ...] = ()
     missing: tuple[tuple[str, int], ...] = ()
     swap_rails: tuple[tuple[int, int, int], ...] = ()
+    hosts: tuple[str, ...] = ()
+    """The nodes' host names in order (default ``gpu-node-001``...): a fabric whose HCAs belong to
+    real hosts, e.g. the namespace nodes of a netns test bed."""
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.rails < 1 or self.nodes_per_leaf < 1 or self.spines < 0 or self.uplinks < 1:
             raise ValueError(f"a fabric needs at least one node, rail, leaf port and uplink: {self}")
+        if self.hosts and (len(self.hosts) != self.nodes or any(not h or " " in h for h in self.hosts)):
+            raise ValueError(
+                f"hosts must name each of the {self.nodes} nodes once, without spaces: {self.hosts}"
+            )
+
+    def hca(self, i: int, rail: int) -> str:
+        """Node ``i``'s rail-``rail`` HCA's node description (``hosts[i]`` where given)."""
+        return f"{self.hosts[i]} mlx5_{rail}" if self.hosts else hca_name(i, rail)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +106,9 @@ class Topology:
 
     def hca_port(self, node_index: int, rail: int) -> tuple[str, int]:
         """(leaf, port) that node ``node_index``'s rail-``rail`` HCA is cabled to."""
-        cable = self.cable_at(hca_name(node_index, rail), 1)
-        return (cable.b, cable.b_port) if cable.a == hca_name(node_index, rail) else (cable.a, cable.a_port)
+        hca = self.spec.hca(node_index, rail)
+        cable = self.cable_at(hca, 1)
+        return (cable.b, cable.b_port) if cable.a == hca else (cable.a, cable.a_port)
 
     def text(self) -> str:
         """The fabric in ``ibnetdiscover`` format: one record per node, each connected port on a line."""
@@ -147,7 +159,7 @@ def generate(spec: TopologySpec) -> Topology:
     for i, ra, rb in spec.swap_rails:
         plug[i, ra], plug[i, rb] = plug[i, rb], plug[i, ra]
 
-    cables = [Cable(leaf, port, hca_name(i, r), 1) for (i, r), (leaf, port) in sorted(plug.items())]
+    cables = [Cable(leaf, port, spec.hca(i, r), 1) for (i, r), (leaf, port) in sorted(plug.items())]
     for li, (leaf, _, _) in enumerate(leaves):
         for s in range(spec.spines):
             for u in range(spec.uplinks):
@@ -165,7 +177,7 @@ def generate(spec: TopologySpec) -> Topology:
     return Topology(
         spec=spec,
         switches=switches,
-        hcas=tuple(hca_name(i, r) for i in range(spec.nodes) for r in range(spec.rails)),
+        hcas=tuple(spec.hca(i, r) for i in range(spec.nodes) for r in range(spec.rails)),
         cables=tuple(kept),
         leaf_rail={name: rail for name, rail, _ in leaves},
     )

@@ -24,7 +24,15 @@ import subprocess
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["LOG_FILES", "NvmlXidListener", "kernel_xids", "parse_xid_lines", "read_tail", "run_command"]
+__all__ = [
+    "LOG_FILES",
+    "NvmlXidListener",
+    "kernel_log",
+    "kernel_xids",
+    "parse_xid_lines",
+    "read_tail",
+    "run_command",
+]
 
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f:.]+)\): (?P<xid>\d+)")
 """``NVRM: Xid (PCI:0000:3b:00): 79, ...``; old drivers wrote ``(0000:01:00)`` without ``PCI:``."""
@@ -95,9 +103,9 @@ def _command(name: str, argv: Sequence[str], run: Runner) -> tuple[str | None, s
     return done.stdout, ""
 
 
-def kernel_xids(run: Runner = run_command, tail: TailReader = read_tail) -> dict[str, Any]:
-    """``{"events": [...], "source": "journalctl -k"}`` from the first readable kernel log, or
-    ``{"events": None, "why": "journalctl -k: ...; dmesg: ...; /var/log/kern.log: ..."}``."""
+def kernel_log(run: Runner = run_command, tail: TailReader = read_tail) -> dict[str, Any]:
+    """``{"text": ..., "source": "journalctl -k"}`` from the first readable kernel log, or
+    ``{"text": None, "why": "journalctl -k: ...; dmesg: ...; /var/log/kern.log: ..."}``."""
     reasons: list[str] = []
     for name, argv in (
         ("journalctl -k", ["journalctl", "-k", "--no-pager", "-o", "short-iso"]),
@@ -105,7 +113,7 @@ def kernel_xids(run: Runner = run_command, tail: TailReader = read_tail) -> dict
     ):
         text, why = _command(name, argv, run)
         if text is not None:
-            return {"events": parse_xid_lines(text), "source": name}
+            return {"text": text, "source": name}
         reasons.append(why)
     for path in LOG_FILES:
         try:
@@ -114,9 +122,18 @@ def kernel_xids(run: Runner = run_command, tail: TailReader = read_tail) -> dict
             reasons.append(f"{path}: {exc.strerror or type(exc).__name__}")
             continue
         if _has_kernel_lines(text):
-            return {"events": parse_xid_lines(text), "source": path}
+            return {"text": text, "source": path}
         reasons.append(f"{path}: empty")
-    return {"events": None, "why": "; ".join(reasons)}
+    return {"text": None, "why": "; ".join(reasons)}
+
+
+def kernel_xids(run: Runner = run_command, tail: TailReader = read_tail) -> dict[str, Any]:
+    """``{"events": [...], "source": "journalctl -k"}`` from the first readable kernel log, or
+    ``{"events": None, "why": "journalctl -k: ...; dmesg: ...; /var/log/kern.log: ..."}``."""
+    found = kernel_log(run, tail)
+    if found["text"] is None:
+        return {"events": None, "why": found["why"]}
+    return {"events": parse_xid_lines(found["text"]), "source": found["source"]}
 
 
 class NvmlXidListener:

@@ -19,6 +19,9 @@ itself when every host is this machine. What one node reports, as plain JSON:
   other nodes) on a port where nothing need listen: a refusal is an answer (the peer is reached),
   only silence (a timeout) or "no route" is not. NCCL and gloo open TCP connections between all
   nodes, so a node its peers cannot reach is unfit whatever launched it.
+- readiness (`workloads.readiness_probe`): Fabric Manager, SXids, peermem, memlock, ACS, IOMMU,
+  row remaps, persistence, stuck processes, PCIe links and AER (``options["proc_root"]``, like
+  the sysfs root, reads a recorded tree).
 
 torch is imported only where GPUs were found (it costs a second or more). Standard library, torch
 and (lazily) pynvml only, like the rest of ``workloads/``.
@@ -42,6 +45,7 @@ from pytest_gpucluster.workloads import fabric_probe
 from pytest_gpucluster.workloads._runtime import RankContext
 from pytest_gpucluster.workloads.gpu_processes import gpu_compute_processes
 from pytest_gpucluster.workloads.nvlink_probe import load_nvml
+from pytest_gpucluster.workloads.readiness_probe import FM_LOG, read_readiness
 
 __all__ = ["REDACTED", "gpu_facts", "probe", "read_node"]
 
@@ -241,11 +245,14 @@ def read_node(
     sysfs_root: str | None = None,
     smi: str = "nvidia-smi",
     peers: Sequence[str] = (),
+    proc_root: str | None = None,
+    fm_log: str | None = None,
 ) -> dict[str, Any]:
     """Everything the probe reports for this node (see the module docstring)."""
     host = host or socket.gethostname()
     gpu = gpu_facts(smi=smi)
     root = (sysfs_root or "/sys").replace("{host}", host)
+    proc = (proc_root or "/proc").replace("{host}", host)
     facts: dict[str, Any] = {
         "host": host,
         "pid": os.getpid(),
@@ -261,6 +268,10 @@ def read_node(
         "sysfs_root": root,
         "env": matching_env(env_patterns),
         "reach": reach(peers),
+        # readiness (workloads.readiness_probe): fabric manager, peermem, ACS, remaps, AER, ...
+        "readiness": read_readiness(
+            sysfs_root=root, proc_root=proc, smi=smi, fm_log=(fm_log or FM_LOG).replace("{host}", host)
+        ),
     }
     if gpu.get("gpus") or gpu.get("text"):
         facts.update(_torch_view())
@@ -275,4 +286,6 @@ def probe(ctx: RankContext) -> dict[str, Any]:
         env_patterns=tuple(options.get("env_patterns") or ()),
         sysfs_root=options.get("sysfs_root"),
         peers=tuple(options.get("peers") or ()),
+        proc_root=options.get("proc_root"),
+        fm_log=options.get("fm_log"),
     )

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import statistics
 import time
 from typing import Any
@@ -61,10 +62,11 @@ def _platform(torch: Any, ctx: RankContext, dev: Any) -> dict[str, Any]:
             cuda=torch.version.cuda,
             driver_cuda=_driver_cuda(torch),
             cublas_workspace=os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+            cublas=cublas_version(),
         )
         key = (
             f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, CUDA "
-            f"{torch.version.cuda}, driver CUDA {info['driver_cuda']}"
+            f"{torch.version.cuda}, driver CUDA {info['driver_cuda']}, cuBLAS {info['cublas']}"
         )
     else:
         info.update(
@@ -78,6 +80,35 @@ def _platform(torch: Any, ctx: RankContext, dev: Any) -> dict[str, Any]:
         )
     info["key"] = key
     return info
+
+
+_CUBLAS_SO = re.compile(r"libcublas\.so(?:\.(\d+(?:\.\d+)*))?$")
+
+
+def cublas_version(maps: str = "/proc/self/maps") -> str | None:
+    """The cuBLAS library this process loaded: its file's version (``libcublas.so.12.8.4.1``, read
+    from ``maps`` after a matmul loaded it), else the ``nvidia-cublas*`` wheel installed beside
+    torch. Two nodes with one torch and different cuBLAS builds may round differently: a different
+    platform, not silent data corruption. None where neither says."""
+    try:
+        with open(maps, encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                path = line.split()[-1] if line.strip() else ""
+                name = os.path.basename(path)
+                if name.startswith("libcublas.so"):
+                    real = os.path.basename(os.path.realpath(path))
+                    found = _CUBLAS_SO.search(real) or _CUBLAS_SO.search(name)
+                    if found and found.group(1) and found.group(1).count(".") >= 2:
+                        return found.group(1)
+    except OSError:
+        pass
+    from importlib import metadata
+
+    for dist in metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name.startswith("nvidia-cublas"):
+            return f"{name} {dist.version}"
+    return None
 
 
 def _driver_cuda(torch: Any) -> str | None:

@@ -8,7 +8,12 @@
   namespace's (the ``netns`` remote-exec preset sets it), so one PATH serves every node: put
   ``bin`` on the controller's PATH and the launch forwards it;
 - ``<root>/sysfs/<hostname>/class/infiniband/...``: a recorded sysfs tree per node, for
-  ``GPUCLUSTER_SYSFS_ROOT=<root>/sysfs/{host}``.
+  ``GPUCLUSTER_SYSFS_ROOT=<root>/sysfs/{host}``;
+- the node's readiness (`readiness_standin`): ``nvidia-smi -q``, ``lspci``, ``systemctl``,
+  ``journalctl``/``dmesg`` stand-ins on the same PATH, the PCIe devices, modules and IOMMU groups
+  in the sysfs tree, a procfs tree for ``GPUCLUSTER_PROC_ROOT=<root>/proc/{host}`` and Fabric
+  Manager's log for ``GPUCLUSTER_FM_LOG``; healthy, or with one `readiness_standin.Fault`.
+  `RecordedNodes.env` is every variable that points the probe at them.
 
 The probe's real code path runs: it finds a program called nvidia-smi on PATH, runs it, and the
 parent parses what it printed.
@@ -16,9 +21,12 @@ parent parses what it printed.
 
 from __future__ import annotations
 
+import os
 import shutil
 import stat
 from pathlib import Path
+
+from readiness_standin import Fault, install_programs, write_node
 
 DATA = Path(__file__).parents[1] / "data"
 SMI = DATA / "nvidia_smi"
@@ -49,23 +57,41 @@ class RecordedNodes:
         script = self.bin / "nvidia-smi"
         script.write_text(
             "#!/bin/sh\n"
-            f'recording="{root}/$(hostname)/nvidia-smi.txt"\n'
-            'if [ -f "$recording" ]; then cat "$recording"; exit 0; fi\n'
+            f'dir="{root}/$(hostname)"\n'
+            'if [ "$1" = "-q" ] && [ -f "$dir/nvidia-smi-q.txt" ]; then cat "$dir/nvidia-smi-q.txt"; exit 0; fi\n'
+            'if [ -f "$dir/nvidia-smi.txt" ]; then cat "$dir/nvidia-smi.txt"; exit 0; fi\n'
             f"printf '%s' '{NO_DRIVER}'\n"
             "exit 9\n"
         )
         script.chmod(script.stat().st_mode | stat.S_IEXEC | stat.S_IXGRP | stat.S_IXOTH)
+        install_programs(self.bin, root)
 
     @property
     def sysfs_template(self) -> str:
         return str(self.root / "sysfs" / "{host}")
 
-    def add(self, host: str, table: str, sysfs: Path = H100_SYSFS) -> Path:
-        """Node ``host`` prints ``table`` and has the ports of ``sysfs``; returns its sysfs copy."""
+    @property
+    def proc_template(self) -> str:
+        return str(self.root / "proc" / "{host}")
+
+    def env(self, path: str | None = None) -> dict[str, str]:
+        """The variables that make the probe read these recordings: PATH (the stand-in programs
+        first), the sysfs and procfs roots and Fabric Manager's log."""
+        return {
+            "PATH": f"{self.bin}{os.pathsep}{path if path is not None else os.environ['PATH']}",
+            "GPUCLUSTER_SYSFS_ROOT": self.sysfs_template,
+            "GPUCLUSTER_PROC_ROOT": self.proc_template,
+            "GPUCLUSTER_FM_LOG": str(self.root / "{host}" / "fabricmanager.log"),
+        }
+
+    def add(self, host: str, table: str, sysfs: Path = H100_SYSFS, fault: Fault | None = None) -> Path:
+        """Node ``host`` prints ``table``, has the ports of ``sysfs`` and a recorded HGX H100's
+        readiness (with ``fault``, one thing broken); returns its sysfs copy."""
         (self.root / host).mkdir(parents=True, exist_ok=True)
         (self.root / host / "nvidia-smi.txt").write_text(table)
         tree = self.root / "sysfs" / host
         shutil.copytree(sysfs, tree)
+        write_node(self.root / host, tree, self.root / "proc" / host, table, fault)
         return tree
 
     def port(self, host: str, device: str, name: str, text: str) -> None:

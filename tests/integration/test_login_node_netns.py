@@ -51,8 +51,7 @@ def test_a_login_node_probes_the_nodes_judges_marks_there_and_names_the_degraded
         results = tmp_path / "results"
         env = {k: v for k, v in os.environ.items() if not k.startswith(_DROP_ENV)}
         env |= {
-            "PATH": f"{nodes.bin}{os.pathsep}{env['PATH']}",
-            "GPUCLUSTER_SYSFS_ROOT": nodes.sysfs_template,
+            **nodes.env(env["PATH"]),
             "LD_LIBRARY_PATH": "/opt/x",
             "FI_PROVIDER": "efa",
         }

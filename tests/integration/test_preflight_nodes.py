@@ -40,8 +40,7 @@ def _run(
         if not k.startswith(("GPUCLUSTER_", "_GPUCLUSTER", "NCCL_", "PYTEST_"))
     }
     env |= {
-        "PATH": f"{nodes.bin}{os.pathsep}{env['PATH']}",
-        "GPUCLUSTER_SYSFS_ROOT": nodes.sysfs_template,
+        **nodes.env(env["PATH"]),
         "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO), env.get("PYTHONPATH", "")]),
         **(extra_env or {}),
     }

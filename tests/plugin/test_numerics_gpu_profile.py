@@ -34,9 +34,12 @@ def run(pytester, tmp_path, monkeypatch):
 def test_a_gpu_profile_on_a_machine_without_cuda_skips_every_numerics_test_saying_why(run, tmp_path):
     run("--hw=h200-sxm").assert_outcomes(skipped=5)
     outcomes = results(tmp_path)["outcomes"]
-    skipped = {o["test_id"].rpartition("::")[2]: o["message"] for o in outcomes}
+    skipped = {o["test_id"].rpartition("::")[2]: o["message"] for o in outcomes if o["outcome"] == "skipped"}
     assert sorted(skipped) == sorted(TESTS)
     assert all(f"needs cuda: node testhost: lists no GPU ({WHY})" in m for m in skipped.values()), skipped
+    # a GPU profile's node without a GPU is not a capability the cluster lacks: its floors fail closed
+    [closed] = [o for o in outcomes if o["test_id"] == "gpucluster::every-threshold-measured"]
+    assert closed["category"] == "not measured" and "numerics.min_flops" in closed["message"]
 
 
 def test_the_dry_run_plans_the_gpu_job_with_the_cublas_workspace_and_five_dtypes(run, monkeypatch):

@@ -69,6 +69,46 @@ def test_the_quick_tier_runs_on_this_machine_only(tmp_path):
     assert argv[1:3] == ["-m", "pytest"] and argv[argv.index("-m", 3) + 1] == "quick"
     assert "--launcher=torchrun" in argv and not any(a.startswith("--hostfile") for a in argv)
     assert argv[-3:] == ["--hw=h200-sxm", "-p", "x"]
+    assert f"--rootdir={tmp_path}" in argv  # test ids read acceptance/test_x.py::... from anywhere
+
+
+def _suite(directory: Path) -> Path:
+    directory.mkdir(parents=True)
+    (directory / "conftest.py").write_text("")
+    return directory
+
+
+def test_the_suite_a_wheel_carries_is_found_before_any_checkout(tmp_path):
+    """A wheel installs the suite as pytest_gpucluster/acceptance: that one, wherever it sits."""
+    package = tmp_path / "site-packages" / "pytest_gpucluster"
+    installed = _suite(package / "acceptance")
+    (tmp_path / "site-packages" / "pyproject.toml").write_text("")
+    _suite(tmp_path / "site-packages" / "acceptance")
+    assert health_check.default_suite(package) == installed
+
+
+def test_a_checkout_s_suite_is_found_beside_its_pyproject(tmp_path):
+    """From a checkout (or an editable install of one) the suite is the top-level acceptance/."""
+    package = tmp_path / "checkout" / "pytest_gpucluster"
+    package.mkdir(parents=True)
+    suite = _suite(tmp_path / "checkout" / "acceptance")
+    assert health_check.default_suite(package) is None  # no pyproject.toml: not a checkout
+    (tmp_path / "checkout" / "pyproject.toml").write_text("")
+    assert health_check.default_suite(package) == suite
+
+
+def test_this_checkout_finds_its_own_suite():
+    assert health_check.default_suite() == Path(health_check.__file__).resolve().parents[1] / "acceptance"
+
+
+def test_no_suite_says_where_it_looked(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(health_check, "default_suite", lambda: None)
+    parser = argparse.ArgumentParser()
+    add_health_check_command(parser.add_subparsers())
+    args = parser.parse_args(["health-check"])
+    assert args.func(args) == 2
+    err = capsys.readouterr().err
+    assert "no acceptance suite here" in err and "pytest_gpucluster/acceptance" in err and "--suite" in err
 
 
 def test_a_node_name_that_names_several_nodes_is_not_drained(tmp_path, monkeypatch, capsys):

@@ -309,5 +309,30 @@ def test_fabric_localize_command_on_a_runs_pairs(tmp_path: Path, capsys: pytest.
     # the pairs used both rails: both leaves under the four nodes explain them; the first by name is reported
     assert (
         out[1]
-        == "  leaf leaf-r0-01 uplinks: all 48 slow pairs cross it, 0 passing pair(s) do -> look at this element"
+        == "  leaf leaf-r0-01 uplinks: all 48 slow pairs cross it, 0 passing pair(s) do -> check leaf-r0-01's uplinks "
+        "(its cables, transceivers and ports to the spines)"
     )
+
+
+def test_nccl_tests_71_iblinkinfo_roce_mqm8700_with_sharp_node() -> None:
+    """NVIDIA/nccl-tests issue 71's iblinkinfo: four V100 hosts at 4X EDR and a SHARP aggregation node
+    at 4X HDR on one MQM8700; the author elided ports with ``...`` and the copy ends mid-line."""
+    text = read("iblinkinfo_edr_hdr_mqm8700_sharp_cut_nccltests71.txt")
+    rows = parse_iblinkinfo(text)
+    switch = "MF0;ibswitch254:MQM8700/U1"
+    assert [(r.description, r.lid, r.speed) for r in rows if r.description != switch] == [
+        ("gpu-v100-3 HCA-1", 6, "EDR"), ("Mellanox Technologies Aggregation Node", 4, "HDR"),
+        ("gpu-v100-1 HCA-1", 2, "EDR"), ("gpu-v100-0 HCA-1", 1, "EDR")]  # fmt: skip
+    ports = [r for r in rows if r.description == switch]
+    # the switch block's port lines carry no GUID: the block's; the cut port-41 line is not a row
+    assert {r.node for r in ports} == {"0x0c42a10300b95bfa"}
+    assert [(r.port, r.peer_lid, r.peer_description) for r in ports] == [
+        (1, 1, "gpu-v100-0 HCA-1"), (2, 2, "gpu-v100-1 HCA-1"), (3, 6, "gpu-v100-3 HCA-1"),
+        (4, 5, "gpu-v100-2 HCA-1")]  # fmt: skip
+    assert {(r.width, r.state, r.phys) for r in rows} == {(4, "Active", "LinkUp")}
+    # pdsh/clush-prefixed, and cut after the CA blocks: the same rows, fewer
+    prefixed = "".join(f"gpu-v100-0: {line}\n" for line in text.splitlines())
+    assert parse_iblinkinfo(prefixed) == rows
+    assert parse_iblinkinfo(text[: text.index("Switch:")]) == rows[:4]
+    with pytest.raises(ParseError, match="no '<lid> <port>"):
+        parse_iblinkinfo(text[: text.index("0xb88303ffff7f61c4") + 30])

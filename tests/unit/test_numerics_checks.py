@@ -306,3 +306,30 @@ def test_most_ranks_unstable_alike_is_the_kernel_a_broken_measurement_not_gpus_t
     checks = v.agreement_checks(values)[0] + v.stability_checks(values)
     assert v.named(checks) == [(base["host"], 1, "GPU 1", "fp32")]
     assert all(c.problem is None for c in checks)
+
+
+def test_gpus_under_one_torch_with_different_cublas_builds_are_two_platforms_not_corruption(
+    monkeypatch,
+) -> None:
+    """Four H100s, one torch; two nodes load cuBLAS 12.8.4.1 and two 12.9.1.4, whose kernels may
+    round differently: the platform key (workloads/numerics._platform) sets them apart, so their
+    different bits are never a silent data corruption."""
+    from types import SimpleNamespace
+
+    from pytest_gpucluster.workloads import numerics as w
+    from pytest_gpucluster.workloads._runtime import RankContext
+
+    props = SimpleNamespace(name="NVIDIA H100 80GB HBM3", major=9, minor=0, multi_processor_count=132)
+    torch = SimpleNamespace(__version__="2.7.1+cu128", version=SimpleNamespace(cuda="12.8"),
+                            cuda=SimpleNamespace(get_device_properties=lambda index: props),
+                            _C=SimpleNamespace(_cuda_getDriverVersion=lambda: 12080))  # fmt: skip
+    ctx = RankContext(rank=0, world_size=4, local_rank=0, local_world_size=1, node_rank=0, host="n",
+                      device="cuda:0", backend="nccl", job_dir=Path("/tmp"))  # fmt: skip
+    values = [_as_rank(_clean()[0], r, f"GPU 0 of node{r}") for r in range(4)]
+    for rank, cublas in enumerate(["12.8.4.1", "12.8.4.1", "12.9.1.4", "12.9.1.4"]):
+        monkeypatch.setattr(w, "cublas_version", lambda cublas=cublas: cublas)
+        values[rank]["platform"] = w._platform(torch, ctx, SimpleNamespace(index=0))
+    for rank in (2, 3):  # the newer cuBLAS rounds one seed's chain differently, alike on both
+        _corrupt_everywhere(values[rank], "fp32", "1")
+    checks, alone = v.agreement_checks(values)
+    assert checks and not any(c.failed for c in checks) and not alone

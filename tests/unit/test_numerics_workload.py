@@ -131,7 +131,9 @@ def test_an_fp8_kernel_this_torch_lacks_is_skipped_saying_why_but_any_other_fail
         numerics.run(_ctx(tmp_path, 0, **{**options, "dtypes": ["bf16"]}))
 
 
-def test_a_gpu_rank_names_its_gpu_by_bus_id_and_its_platform_by_part_sms_and_versions(tmp_path: Path) -> None:
+def test_a_gpu_rank_names_its_gpu_by_bus_id_and_its_platform_by_part_sms_and_versions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The GPU side of the record through a stand-in for torch.cuda (no GPU here): what a GPU's
     properties turn into, as torch 2.x reports them for an H100 SXM5."""
     from types import SimpleNamespace
@@ -152,11 +154,34 @@ def test_a_gpu_rank_names_its_gpu_by_bus_id_and_its_platform_by_part_sms_and_ver
     )  # fmt: skip
     dev = SimpleNamespace(index=3)
     assert numerics._gpu_label(fake, ctx, dev) == "GPU 3 (00000000:3B:00.0)"
+    monkeypatch.setattr(numerics, "cublas_version", lambda: "12.8.4.1")
     info = numerics._platform(fake, ctx, dev)
-    assert info["key"] == "NVIDIA H100 80GB HBM3, 132 SMs, torch 2.7.1+cu128, CUDA 12.8, driver CUDA 12.8"
+    assert info["key"] == (
+        "NVIDIA H100 80GB HBM3, 132 SMs, torch 2.7.1+cu128, CUDA 12.8, driver CUDA 12.8, cuBLAS 12.8.4.1"
+    )
+    monkeypatch.setattr(numerics, "cublas_version", lambda: "12.9.1.4")
+    assert numerics._platform(fake, ctx, dev)["key"] != info["key"]  # another cuBLAS: another platform
     assert info["capability"] == "9.0" and info["sm_count"] == 132
     del props.pci_bus_id
     props.uuid = "5a1b"
     assert numerics._gpu_label(fake, ctx, dev) == "GPU 3 (GPU-5a1b)"
     fake._C = SimpleNamespace()
-    assert numerics._platform(fake, ctx, dev)["key"].endswith("driver CUDA None")
+    assert numerics._platform(fake, ctx, dev)["key"].endswith("driver CUDA None, cuBLAS 12.9.1.4")
+
+
+def test_the_cublas_version_is_read_from_the_library_the_process_loaded(tmp_path: Path) -> None:
+    """A /proc/self/maps line as Linux writes it for a torch wheel's cuBLAS (nvidia-cublas-cu12)."""
+    lib = tmp_path / "site-packages" / "nvidia" / "cublas" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libcublas.so.12").write_bytes(b"")
+    maps = tmp_path / "maps"
+    maps.write_text(
+        "7f0a2c000000-7f0a2c3f1000 r--p 00000000 103:02 4456123    /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+        f"7f0a30000000-7f0a30a00000 r-xp 00000000 103:02 4456789    {lib}/libcublas.so.12\n"
+        "7f0a34000000-7f0a34a00000 r-xp 00000000 103:02 4456790    /usr/local/cuda/lib64/libcublas.so.12.4.5.8\n"
+    )
+    assert numerics.cublas_version(str(maps)) == "12.4.5.8"  # the soname alone says only the major
+    (lib / "libcublas.so.12").unlink()
+    (lib / "libcublas.so.12.8.4.1").write_bytes(b"")
+    (lib / "libcublas.so.12").symlink_to(lib / "libcublas.so.12.8.4.1")
+    assert numerics.cublas_version(str(maps)) == "12.8.4.1"  # the file the soname points at

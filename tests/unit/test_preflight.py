@@ -127,3 +127,26 @@ def test_the_images_nccl_version_is_information_naming_both_releases():
     same = dataclasses.replace(node, env={"NCCL_VERSION": "2.28.9-1+cuda13.0"})
     assert "names the same release" in _run("h200-sxm", [same], {}, ranks=1)[-1].message
     assert unknown_nccl_names({"NCCL_VERSION": "2.28.3", "NCCL_IB_HCAS": "x"})[0].name == "NCCL_IB_HCAS"
+
+
+def test_a_gpu_node_without_nvml_is_a_preflight_error_naming_the_install_command():
+    """The probe's record of a real node whose GPUs only nvidia-smi could list (no pynvml there)."""
+    from pytest_gpucluster.cluster.node_facts import ClusterFacts, GpuFact, NodeFacts
+    from pytest_gpucluster.cluster.preflight import preflight
+
+    gpus = tuple(
+        GpuFact(i, "NVIDIA H100 80GB HBM3", None, 81559 * 2**20, f"00000000:{0x18 + i:02X}:00.0")
+        for i in range(8)
+    )
+    why = "pynvml is not importable (No module named 'pynvml'); pip install nvidia-ml-py"
+    node = NodeFacts(host="gpu-01", gpus=gpus, gpu_source="nvidia-smi", processes_problem=why, cuda_available=True,
+                     torch_cuda="12.8", nccl_available=True)  # fmt: skip
+    model = load_profile("h100-sxm").model
+    found = preflight(
+        ClusterFacts((node,), "test"), model, env={}, env_origin={}, ranks_per_node=8, ranks_origin="x"
+    )
+    [nvml] = [f for f in found if f.requirement == "NVML"]
+    assert nvml.severity == "error" and "pip install nvidia-ml-py" in nvml.message and nvml.host == "gpu-01"
+    cpu = load_profile("cpu-local").model  # a CPU profile asks nothing of NVML
+    assert not [f for f in preflight(ClusterFacts((node,), "t"), cpu, env={}, env_origin={}, ranks_per_node=1,
+                                     ranks_origin="x") if f.requirement == "NVML"]  # fmt: skip

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -60,9 +61,27 @@ def _python_for(user: str) -> str:
     pytest.skip("no system python3 an unprivileged user can run")
 
 
-def test_a_non_root_run_warns_with_the_fix_and_never_fails_the_node_for_the_permission(unprivileged):
+@pytest.fixture
+def readable_reader():
+    """The rank-side reader copied where the unprivileged account may read it: the checkout may sit
+    in a directory only root can enter (a clone under ``mktemp -d``, mode 0700, or root's home)."""
+    # /tmp, not $TMPDIR: a TMPDIR under a 0700 home would hide the copy as well
+    where = Path(tempfile.mkdtemp(prefix="gpucluster-xid-", dir="/tmp" if Path("/tmp").is_dir() else None))
+    try:
+        where.chmod(0o755)
+        copy = where / "_xid.py"
+        shutil.copyfile(XID_MODULE, copy)
+        copy.chmod(0o644)
+        yield copy
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def test_a_non_root_run_warns_with_the_fix_and_never_fails_the_node_for_the_permission(
+    unprivileged, readable_reader
+):
     done = subprocess.run(
-        ["runuser", "-u", USER, "--", _python_for(USER), "-c", READ, str(XID_MODULE)],
+        ["runuser", "-u", USER, "--", _python_for(USER), "-c", READ, str(readable_reader)],
         capture_output=True, text=True, timeout=60, check=True, cwd="/",
     )  # fmt: skip
     found = json.loads(done.stdout)

@@ -7,6 +7,7 @@ this account may not read), and the XID names its GPU."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -124,6 +125,9 @@ def test_the_listener_spans_two_readings_and_its_xids_name_the_gpu(tmp_path, mon
 def test_a_node_without_nvml_says_why_and_the_verdict_falls_back_to_the_logs(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # no pynvml on this machine
     ok, why = xid_watch.start(tmp_path / "watch", max_s=60, python=sys.executable)
-    assert not ok and "pynvml is not importable" in why and "pip install nvidia-ml-py" in why
+    if importlib.util.find_spec("pynvml") is None:
+        assert not ok and "pynvml is not importable" in why and "pip install nvidia-ml-py" in why
+    else:  # nvidia-ml-py is a dependency: installed, it finds no driver on a machine without a GPU
+        assert not ok and "NVML" in why
     events, why = xid_watch.collect(tmp_path / "none")
     assert events is None and "no NVML XID listener was started on this node" in why
