@@ -230,7 +230,7 @@ def render_profile_keys() -> str:
         + ". The format, with a complete example: [Profile format](profile-format.md).\n",
         "**Judged by** names the tests that judge a threshold, and where it must have a value: per "
         "GPU, per node, or once for the cluster. At the end of a session every threshold the profile "
-        "sets must have a value from one of them there, or the run fails it as NOT MEASURED (see [Fail closed](../explanation/judged-or-said-why.md)); `[…]` is one parameter per "
+        "sets must have a value from one of them there, or the run fails it as NOT MEASURED (see [Fail closed](../explanation/fail-closed.md)); `[…]` is one parameter per "
         "entry of the list. A key with no test is a setting: it shapes the work, nothing is judged "
         "against it.\n",
         f"{len(keys)} keys, {sum(k.key in owners for k in keys)} of them thresholds.\n",
