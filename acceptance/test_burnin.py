@@ -40,6 +40,7 @@ from pytest_gpucluster.burnin.stragglers import Sample, find_stragglers, sweep_s
 from pytest_gpucluster.checks.burnin import health, peers
 from pytest_gpucluster.checks.burnin.fabric_path import fabric_path
 from pytest_gpucluster.checks.burnin.lost import lost_check, lost_gpus
+from pytest_gpucluster.checks.burnin.xid_classes import kill_windows
 from pytest_gpucluster.checks.ceilings import broken_above, memory_ceiling
 from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning
 from pytest_gpucluster.fixtures import FABRIC_MODEL, job_part, run_with_deadline
@@ -256,7 +257,13 @@ def test_counters_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: A
     xids = health.xid_readability_checks(before, after, require=hw.burnin.require_xid_source, profile=hw.name)
     for warning in health.xid_warnings(xids):  # a permission is not a sick node (burnin.require_xid_source)
         warnings.warn(GpuClusterWarning(warning), stacklevel=1)
-    checks = [lost_check(lost), peers.counter_check(grown), *corrected, *xids]
+    # XIDs of NVIDIA's RESTART_APP bucket (13, 31, 43, 45...) are the application's, often the
+    # suite's own kills: recorded as warnings, the GPU not blamed (checks/burnin/xid_classes.py)
+    kills = kill_windows(gpucluster_session.recorder.header.get("jobs") or ())
+    app_xids = health.application_xids(before, after, kills)
+    for check in app_xids:
+        warnings.warn(GpuClusterWarning(check.hint), stacklevel=1)
+    checks = [lost_check(lost), peers.counter_check(grown), *corrected, *xids, *app_xids]
     judge(checks, [*lost, *grown, *(health.suspect_of(c) for c in corrected if c.failed and c.measured)])
 
 

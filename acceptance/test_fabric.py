@@ -36,6 +36,7 @@ import pytest
 
 from pytest_gpucluster.checks import fabric
 from pytest_gpucluster.checks.burnin import dcgm, soak
+from pytest_gpucluster.checks.burnin.xid_classes import kill_windows
 from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning, ParseError
 from pytest_gpucluster.fabric_scan import suite_checks, suite_reading
 from pytest_gpucluster.fixtures import FABRIC_MODEL, run_with_deadline
@@ -114,7 +115,17 @@ def test_fabric_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any
             "--dist loadgroup, so pass -n with --dist load/loadgroup, not --dist each/worksteal)",
             pytrace=False,
         )
-    verdict = fabric.counter_checks(before, after, hw.fabric, hw.name, _selection_env(gpucluster_session))
+    # transport errors (a completion in error) are the suite's own when it killed a job in between
+    first = min((s.taken_at for s in before if s.taken_at is not None), default=None)
+    last = max((s.taken_at for s in after if s.taken_at is not None), default=None)
+    killed = [
+        w.job
+        for w in kill_windows(gpucluster_session.recorder.header.get("jobs") or ())
+        if first is None or last is None or (w.start <= last and w.end >= first)
+    ]
+    verdict = fabric.counter_checks(
+        before, after, hw.fabric, hw.name, _selection_env(gpucluster_session), killed=killed
+    )
     write = gpucluster_session.progress or print
     for node, ports in verdict.counted.items():
         write(f"fabric ports counted on {node}: {', '.join(ports) or 'none'}")

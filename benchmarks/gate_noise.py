@@ -131,7 +131,7 @@ def margins(baseline: RunResults, run: RunResults) -> dict[str, list[float]]:
     tolerances, _ = settings_of(run)
     out: dict[str, list[float]] = defaultdict(list)
     for change in compare_runs(baseline, first_tries(run), tolerances).changes:
-        if change.status in ("regression", "ok", "improved") and change.margin is not None:
+        if change.status in ("regression", "ok", "improved", "not gateable") and change.margin is not None:
             out[change.metric].append(change.margin)
     return out
 

@@ -231,9 +231,12 @@ def job_timing(
 ) -> dict[str, Any]:
     """results.json's record of one job: its parts, its nodes x ranks, the plan's estimate (their
     work plus one start-up, `plans.startup.launch_estimate`, as the plan adds them) and deadline,
-    and the time it really took (what a later dry run's calibration reads, `plans.calibration`)."""
+    and the time it really took (what a later dry run's calibration reads, `plans.calibration`);
+    its wall-clock window (``started_at``/``ended_at``): a failed job's ranks were killed by the
+    suite, and an XID in that window is the kill's (`checks.burnin.xid_classes.kill_windows`)."""
     from pytest_gpucluster.plans.startup import launch_estimate
 
+    ended = time.time()
     estimate = launch_estimate((p.estimate_s, p.startup_s) for p in parts)
     return {
         "job_id": job_id,
@@ -244,6 +247,8 @@ def job_timing(
         "deadline_s": round(sum(p.timeout_s for p in parts), 1),
         "actual_s": round(actual_s, 1),
         "status": status,
+        "started_at": round(ended - actual_s, 3),
+        "ended_at": round(ended, 3),
     }
 
 

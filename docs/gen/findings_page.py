@@ -65,4 +65,20 @@ def render_findings() -> str:
             ((code(k), ", ".join(code(n) for n in names)) for k, names in by_class.items()),
         )
     )
+    from pytest_gpucluster.checks.burnin import xid_classes
+
+    out += [
+        "\n## XID classes (`checks/burnin/xid_classes.py`)\n",
+        "How an XID read after the load is judged: by the resolution bucket of NVIDIA's XID catalog. "
+        "An application-class XID (`RESTART_APP`) is a recorded warning, never a suspect; an XID not "
+        f"listed is a suspect with the action `{xid_classes.UNKNOWN_ACTION}` (why: "
+        "[Faults judged by their cause](../explanation/faults-by-cause.md)).\n",
+        table(
+            ("XID", "what", "catalog bucket", "action"),
+            (
+                (str(c.xid), cell(c.name), code(c.bucket), code(c.action))
+                for c in sorted(xid_classes.XID_CLASSES.values(), key=lambda c: c.xid)
+            ),
+        ),
+    ]
     return "\n".join(out)

@@ -16,9 +16,17 @@ profile's ``fabric:`` section:
   README's "Fabric counter classes" gives each counter's class and source), one check per counter
   naming node, device, port and counter:
 
-  - *link* (symbol errors, link downed, link recovery, receive errors, integrity, buffer overrun,
-    NIC rx/tx errors, failed transport operations): growth beyond ``fabric.max_error_increase``
-    (0) fails; a port whose link counters all held is one passing check (``counter=all``);
+  - *link* (link downed, link recovery, receive errors, integrity, buffer overrun, NIC rx/tx
+    errors): growth beyond ``fabric.max_error_increase`` (0) fails; a port whose link counters all
+    held is one passing check (``counter=all``);
+  - *ber* (``symbol_error``): after FEC on EDR/HDR/NDR links, errors the application sees; judged
+    as a rate per bit the port received (``fabric.max_bit_error_rate``, 1e-12: NVIDIA ibdiagnet's
+    BER threshold), not at zero, so that a multi-hour run on hundreds of links is held to the link's
+    specification; a port without data counters falls back to ``max_error_increase``;
+  - *transport* (``req_cqe_error``, ``resp_cqe_error``, remote-access errors, ``rnr_nak_retry_err``):
+    a work request completed in error. A healthy NIC counts these when its peer is killed
+    mid-transfer, so they are gated like *link* only when the suite killed no job between the two
+    readings (``killed``); otherwise recorded and warned about, attributed to the kill;
   - *retransmit* (``local_ack_timeout_err``, ``packet_seq_err``, ``out_of_sequence``...): the
     transport recovered, and adaptive routing reorders by design, so the growth is judged as a
     rate per GB the port moved (``fabric.max_retransmits_per_gb``, per counter
@@ -35,7 +43,8 @@ profile's ``fabric:`` section:
   saturated counter makes that unprovable while itself recording at least 2^bits - 1 errors since
   it was last cleared. The remedy is an operator's (clear the counters — ``perfquery -x -R`` — or
   reload the driver, and run again). ``fabric.saturated: warn`` records and warns instead, for a
-  site that clears counters on its own schedule;
+  site that clears counters on its own schedule; and a run whose reader was not root (the
+  snapshot's ``root``) warns too: it cannot clear them, so failing would fail every such run;
 - **a counted port missing from the last reading** fails (a NIC that fell off the bus, a link
   renamed by a driver reset); a node with no last reading fails too.
 
@@ -48,49 +57,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pytest_gpucluster.burnin.drain import Suspect
+from pytest_gpucluster.checks.fabric_selection import (
+    NameSelection,
+    Port,
+    counted_ports,
+)
 from pytest_gpucluster.parsers.fabric_diff import SATURATING_BITS, CounterChange, counter_class, diff_ports
-from pytest_gpucluster.parsers.fabric_ports import FabricSnapshot, IbPort, NetInterface
+from pytest_gpucluster.parsers.fabric_ports import FabricSnapshot, IbPort
 from pytest_gpucluster.profiles.schema import FabricSection
 from pytest_gpucluster.results.model import Check, ThresholdRef
 
 __all__ = ["FabricVerdict", "NameSelection", "counted_ports", "counter_checks", "moved_bytes"]
-
-Port = IbPort | NetInterface
-NCCL_DEFAULT_INTERFACES = "^docker,lo"
-"""What NCCL falls back to when no interface name starts with ``ib`` (``ncclFindInterfaces``)."""
-UP_STATES = ("up",)
-
-
-@dataclass(frozen=True, slots=True)
-class NameSelection:
-    """A list in NCCL's syntax (``NCCL_IB_HCA``, ``NCCL_SOCKET_IFNAME``): prefixes unless it starts
-    with ``=``, the complement with ``^`` (``^=`` both); an IB entry may end in ``:port``."""
-
-    text: str
-    exclude: bool
-    exact: bool
-    entries: tuple[tuple[str, int | None], ...]
-
-    @classmethod
-    def parse(cls, text: str) -> NameSelection:
-        body = text.strip()
-        exclude = body.startswith("^")
-        body = body.removeprefix("^")
-        exact = body.startswith("=")
-        entries: list[tuple[str, int | None]] = []
-        for item in body.removeprefix("=").split(","):
-            name, _, port = item.strip().partition(":")
-            if name:
-                entries.append((name, int(port) if port.strip().isdigit() else None))
-        return cls(text.strip(), exclude, exact, tuple(entries))
-
-    def selects(self, name: str, port: int | None = None) -> bool:
-        def hit(entry: tuple[str, int | None]) -> bool:
-            wanted, wanted_port = entry
-            named = name == wanted if self.exact else name.startswith(wanted)
-            return named and (wanted_port is None or port is None or wanted_port == port)
-
-        return any(hit(e) for e in self.entries) != self.exclude
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,30 +80,6 @@ class FabricVerdict:
     warnings: tuple[str, ...]
     counted: Mapping[str, tuple[str, ...]]
     """Per node, the ports and interfaces that counted (``mlx5_0/1``, ``eth0``)."""
-
-
-def _selections(section: FabricSection, env: Mapping[str, str]) -> tuple[NameSelection | None, str | None]:
-    ib = section.ib_devices or env.get("NCCL_IB_HCA") or None
-    interfaces = section.interfaces or env.get("NCCL_SOCKET_IFNAME") or env.get("GLOO_SOCKET_IFNAME") or None
-    return (NameSelection.parse(ib) if ib else None), interfaces
-
-
-def counted_ports(
-    snapshot: FabricSnapshot, section: FabricSection, env: Mapping[str, str]
-) -> tuple[list[Port], str]:
-    """The ports of one reading that count, and a sentence saying how they were chosen."""
-    ib, interfaces = _selections(section, env)
-    ports: list[Port] = [p for p in snapshot.ib_ports if ib is None or ib.selects(p.device, p.port)]
-    up = [i for i in snapshot.interfaces if (i.operstate or "").lower() in UP_STATES]
-    if interfaces is None:
-        interfaces = "ib" if any(i.name.startswith("ib") for i in up) else NCCL_DEFAULT_INTERFACES
-        how = f"interfaces as NCCL picks them ({interfaces!r})"
-    else:
-        how = f"interfaces {interfaces!r}"
-    chosen = NameSelection.parse(interfaces)
-    ports += [i for i in up if chosen.selects(i.name)]
-    how += f", IB devices {ib.text!r}" if ib else ", every IB device"
-    return ports, how + ", up in the first reading"
 
 
 def _name(port: Port) -> str:
@@ -158,8 +111,10 @@ def moved_bytes(before: Port, after: Port) -> float | None:
 class _Judge:
     """Builds the checks of one run; the profile's keys go into every threshold's ref."""
 
-    def __init__(self, section: FabricSection, profile: str) -> None:
-        self.section, self.profile = section, profile
+    def __init__(self, section: FabricSection, profile: str, killed: Sequence[str] = ()) -> None:
+        self.section, self.profile, self.killed = section, profile, tuple(killed)
+        self.root: bool | None = None
+        """Whether this node's reader was root (``FabricSnapshot.root``): set per node."""
         self.checks: list[Check] = []
         self.suspects: list[Suspect] = []
         self.warnings: list[str] = []
@@ -274,6 +229,40 @@ class _Judge:
                 port, f"{change.counter} {rate:.4g} per GB moved (ceiling {ceiling:g})", change.to_json()
             )
 
+    def bit_errors(self, port: Port, after: Port, change: CounterChange) -> None:
+        """Symbol errors as a bit error rate: per bit the port received over the run."""
+        received = _received_bits(port, after)
+        if received is None or change.counter in self.section.allowed_increase:
+            self.grown(port, change)  # no data counters (or an explicit allowance): judged as a count
+            return
+        ceiling = self.section.max_bit_error_rate
+        ref = ThresholdRef(self.profile, ("fabric", "max_bit_error_rate"))
+        rate = change.at_least / max(received, 1.0)
+        check = Check(
+            "fabric.bit_error_rate", rate, "1/bit", ceiling, "<=", ref,
+            labels={**_labels(port), "counter": change.counter}, baseline_gate=False,
+            hint=f"{_where(port)}: {change.counter} {_growth(change)} while the port received {received:.4g} "
+            f"bits: a bit error rate of {rate:.3g}, ceiling {ceiling:g} ({ref.key}; NVIDIA ibdiagnet's BER "
+            f"threshold). {_advice(port, change.counter)}",
+        )  # fmt: skip
+        self._judge_growth(port, change, check, ceiling)
+
+    def after_kill(self, port: Port, change: CounterChange) -> None:
+        """A transport error in a window where the suite killed a job: recorded, the kill's."""
+        jobs = ", ".join(self.killed[:3]) + (
+            f" and {len(self.killed) - 3} more" if len(self.killed) > 3 else ""
+        )
+        sentence = (
+            f"{_where(port)}: transport counter {change.counter} {_growth(change)}; the suite killed "
+            f"job(s) {jobs} between the two readings, and a peer killed mid-transfer completes a healthy "
+            "NIC's work requests in error: attributed to that kill, recorded, not judged"
+        )
+        self.checks.append(
+            Check("fabric.transport_errors", change.at_least, "count",
+                  labels={**_labels(port), "counter": change.counter}, hint=sentence)
+        )  # fmt: skip
+        self.warnings.append(sentence)
+
     def saturated(self, port: Port, change: CounterChange) -> None:
         top = (1 << SATURATING_BITS[change.counter]) - 1
         sentence = (
@@ -283,17 +272,25 @@ class _Judge:
         )
         ref = ThresholdRef(self.profile, ("fabric", "saturated"))
         labels = {**_labels(port), "counter": change.counter}
-        if self.section.saturated == "warn":
+        why = (
+            "fabric.saturated: warn"
+            if self.section.saturated == "warn"
+            else "this run read the ports without root, so it cannot clear them: a warning, not a failure; "
+            "clear them as root (perfquery -x -R) to have the burn-in judge this port"
+            if self.root is False
+            else ""
+        )
+        if why:
             self.checks.append(
                 Check(
                     "fabric.saturated_counter",
                     change.after,
                     "count",
                     labels=labels,
-                    hint=sentence + " (fabric.saturated: warn)",
+                    hint=f"{sentence} ({why})",
                 )
             )
-            self.warnings.append(sentence)
+            self.warnings.append(f"{sentence} ({why})")
             return
         self.checks.append(
             Check(
@@ -318,13 +315,19 @@ class _Judge:
             self.fail(before, "present before the burn-in, gone after it", {})
             return
         moved = moved_bytes(before, after)
-        link = [c for c in changes if c.counter_class == "link"]
+        link = [c for c in changes if c.counter_class in ("link", "ber", "transport")]
         for change in changes:
             grew = change.at_least > 0 or change.went_down
-            if change.counter_class == "link":
+            if change.counter_class in ("link", "ber", "transport"):
                 if change.saturated:
                     self.saturated(before, change)
-                if grew:
+                if not grew:
+                    continue
+                if change.counter_class == "ber":
+                    self.bit_errors(before, after, change)
+                elif change.counter_class == "transport" and self.killed:
+                    self.after_kill(before, change)
+                else:
                     self.grown(before, change)
             elif change.counter_class == "drop":
                 if change.saturated and self.drop_allowance(change.counter)[0] is not None:
@@ -378,6 +381,16 @@ class _Judge:
             )
 
 
+def _received_bits(before: Port, after: Port) -> float | None:
+    """Bits the port received between the readings (``port_rcv_data`` counts 4-byte words), or
+    None where the port has no readable receive counter."""
+    name, scale = ("port_rcv_data", 32) if isinstance(before, IbPort) else ("rx_bytes", 8)
+    if name not in before.counters or name not in after.counters:
+        return None
+    grown = after.counters[name] - before.counters[name]
+    return float(grown * scale) if grown >= 0 else None
+
+
 def _growth(change: CounterChange) -> str:
     if change.went_down:
         return (
@@ -411,9 +424,11 @@ def counter_checks(
     section: FabricSection,
     profile: str,
     env: Mapping[str, str],
+    killed: Sequence[str] = (),
 ) -> FabricVerdict:
-    """Every counted port's error counters from the first reading to the last (see the module doc)."""
-    judge = _Judge(section, profile)
+    """Every counted port's error counters from the first reading to the last (see the module doc).
+    ``killed``: the jobs the suite killed between the two readings (transport errors are theirs)."""
+    judge = _Judge(section, profile, killed)
     last = _by_node(after)
     counted: dict[str, tuple[str, ...]] = {}
     for node, first in _by_node(before).items():
@@ -433,6 +448,7 @@ def counter_checks(
                 )
             )
             continue
+        judge.root = later.root if later.root is not None else first.root
         matched = {(type(p).__name__, *p.key): p for p in (*later.ib_ports, *later.interfaces)}
         diff = diff_ports(ports, [p for p in matched.values() if p.node == node])
         for port in ports:

@@ -183,6 +183,7 @@ OWNERS: dict[str, Rule] = {
     "burnin.soak.max_cv": _SOAK,
     "fabric.max_error_increase": _FABRIC,
     "fabric.max_retransmits_per_gb": _FABRIC,
+    "fabric.max_bit_error_rate": _FABRIC,
     "fabric.max_drop_increase": _FABRIC,
     "numerics.min_flops": Rule(_fixed(Owner("test_numerics.py", "test_numerics_throughput")), "gpu"),
     "versions": Rule(_fixed(Owner("test_burnin.py", "test_version_drift"))),
@@ -230,7 +231,7 @@ NOT_THRESHOLDS = frozenset(
         "burnin.pair_size", "burnin.pair_iters", "burnin.soak.sample_time", "burnin.soak.source",
         "burnin.dcgm.level", "burnin.dcgm.timeout",
         "regression.tolerances[].metric", "regression.tolerances[].tolerance",
-        "regression.tolerances[].source",
+        "regression.tolerances[].source", "regression.tolerances[].healthy_spread",
         "launch.forward_env", "launch.slurm_gpu_request",
         # which fabric devices to read, and exceptions to fabric.max_error_increase judged under it
         "fabric.ib_devices", "fabric.interfaces", "fabric.retransmits_per_gb", "fabric.allowed_increase",
@@ -249,6 +250,6 @@ NOT_THRESHOLDS = frozenset(
 """Keys of the schema that are settings, recipes or descriptions, not thresholds (with :data:`OWNERS`,
 every leaf key of the schema)."""
 
-ONLY_WHERE_WRITTEN = frozenset({"fabric.max_retransmits_per_gb"})
-"""Thresholds whose default applies only where the hardware has the counters (retransmit counters
-exist on RDMA ports only): judged closed only where the profile writes them."""
+ONLY_WHERE_WRITTEN = frozenset({"fabric.max_retransmits_per_gb", "fabric.max_bit_error_rate"})
+"""Thresholds whose default applies only where the hardware has the counters (retransmit and
+symbol-error counters exist on RDMA ports only): judged closed only where the profile writes them."""

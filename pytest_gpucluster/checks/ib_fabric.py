@@ -311,7 +311,10 @@ def judge_counters(
         end = by_label.get((change.node or "", change.port or 0))
         if end is None:
             continue
-        limit = allowed.get(change.counter, max_error_increase if cls == "link" else max_drop_increase)
+        # symbol errors are a bit-error rate on the node side (fabric_diff's "ber" class), but a scan
+        # reads error counters only (ibqueryerrors), not the bits each switch port moved: a count here
+        link_like = cls in ("link", "ber")
+        limit = allowed.get(change.counter, max_error_increase if link_like else max_drop_increase)
         tool_name = _TOOL_NAMES.get(change.counter, change.counter)
         peer = after.peer(end)
         where = (

@@ -58,6 +58,9 @@ class NetLink:
     operstate: str | None = None
     speed_mbps: int | None = None
     shaped_bytes_per_s: int | None = None
+    has_address: bool | None = None
+    """Whether it holds an IP address (NCCL takes only such interfaces); None: not read (a
+    recorded sysfs tree, an older probe)."""
 
     def to_json(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}

@@ -83,7 +83,12 @@ def _listed(names: Sequence[str]) -> str:
     return ", ".join(names) if names else "none"
 
 
-def _interfaces(node: NodeFacts, value: str, origin: str) -> list[PreflightFinding]:
+def _usable(link: NetLink) -> bool:
+    """Whether NCCL can take the interface: not down, and holding an address where that was read."""
+    return link.operstate != "down" and link.has_address is not False
+
+
+def _interfaces(node: NodeFacts, value: str, origin: str, multi_node: bool) -> list[PreflightFinding]:
     if not node.links:  # not read on this node (a stand-in, an old probe): nothing to judge
         return []
     selection = nic_selection({"NCCL_SOCKET_IFNAME": value}, "NCCL_SOCKET_IFNAME")
@@ -100,13 +105,25 @@ def _interfaces(node: NodeFacts, value: str, origin: str) -> list[PreflightFindi
                 f"NCCL's bootstrap fails at init on every job ({origin})",
             )
         ]  # fmt: skip
-    if all(link.operstate == "down" for link in chosen):
-        down = ", ".join(f"{link.name} is down" for link in chosen)
+    usable = [link for link in chosen if _usable(link)]
+    if not usable:
+        why = ", ".join(
+            f"{link.name} is down" if link.operstate == "down" else f"{link.name} has no IP address"
+            for link in chosen
+        )
         return [
             PreflightFinding(
-                node.host, "NCCL_SOCKET_IFNAME", asked, down,
-                f"{node.host}: NCCL_SOCKET_IFNAME={value} selects only interfaces that are down ({down}; "
-                f"the node has {_listed(names)}) ({origin})",
+                node.host, "NCCL_SOCKET_IFNAME", asked, why,
+                f"{node.host}: NCCL_SOCKET_IFNAME={value} selects only interfaces NCCL cannot take ({why}; "
+                f"NCCL takes interfaces that are up and hold an address; the node has {_listed(names)}) ({origin})",
+            )
+        ]  # fmt: skip
+    if multi_node and all(link.name == "lo" for link in usable):
+        return [
+            PreflightFinding(
+                node.host, "NCCL_SOCKET_IFNAME", asked, "lo",
+                f"{node.host}: NCCL_SOCKET_IFNAME={value} leaves NCCL only lo, the loopback, on a multi-node run: "
+                f"it reaches no other node, so the bootstrap cannot connect (the node has {_listed(names)}) ({origin})",
             )
         ]  # fmt: skip
     return []
@@ -139,14 +156,25 @@ def _hcas(node: NodeFacts, value: str, origin: str) -> list[PreflightFinding]:
                 f"TCP sockets or fails ({origin})",
             )
         )  # fmt: skip
-    active = [(p.device, p.port) for p in node.ib_ports if (p.state or "").upper().endswith("ACTIVE")]
+    active = {(p.device, p.port) for p in node.ib_ports if (p.state or "").upper().endswith("ACTIVE")}
     used = [port for port in chosen if port in active]
-    if chosen and len(used) < len(active) and not out:
+    shown = ", ".join(f"{d}:{p}" for d, p in chosen)
+    if chosen and not used and not out:
         out.append(
             PreflightFinding(
-                node.host, "NCCL_IB_HCA", asked, f"{len(active)} active RDMA ports",
-                f"{node.host}: NCCL_IB_HCA={value} leaves NCCL {len(used)} of the node's {len(active)} active "
-                f"RDMA ports ({', '.join(f'{d}:{p}' for d, p in used) or 'none'}) ({origin})",
+                node.host, "NCCL_IB_HCA", asked, f"every selected port DOWN ({shown})",
+                f"{node.host}: NCCL_IB_HCA={value} selects {len(chosen)} RDMA port(s), all of them DOWN ({shown}): "
+                f"NCCL falls back to TCP sockets and every collective runs on the wrong transport; look at the "
+                f"cables and the subnet manager (ibstat) ({origin})",
+            )
+        )  # fmt: skip
+    elif chosen and len(used) < len(chosen) and not out:
+        down = ", ".join(f"{d}:{p}" for d, p in chosen if (d, p) not in active)
+        out.append(
+            PreflightFinding(
+                node.host, "NCCL_IB_HCA", asked, f"{len(used)} of {len(chosen)} selected ports active",
+                f"{node.host}: NCCL_IB_HCA={value} selects {len(chosen)} RDMA ports and {len(used)} are active "
+                f"({down} not): NCCL runs on part of the fabric ({origin})",
                 "warning",
             )
         )  # fmt: skip
@@ -265,11 +293,12 @@ def preflight(
     ``env_origin`` names where each variable comes from (``profile h200-spectrumx: nccl_env``)."""
     findings: list[PreflightFinding] = []
     nccl = model.cluster.backend == "nccl"
+    multi_node = len(facts.nodes) > 1
     for node in facts.nodes:
         if node.error or (model.cluster.device == "cuda" and node.capabilities()["cuda"] is not None):
             continue  # the probe's failure, or a node whose GPU tests skip naming why: nothing launches there
         if nccl and (value := env.get("NCCL_SOCKET_IFNAME", "").strip()):
-            findings += _interfaces(node, value, env_origin.get("NCCL_SOCKET_IFNAME", "?"))
+            findings += _interfaces(node, value, env_origin.get("NCCL_SOCKET_IFNAME", "?"), multi_node)
         if nccl and (value := env.get("NCCL_IB_HCA", "").strip()):
             findings += _hcas(node, value, env_origin.get("NCCL_IB_HCA", "?"))
         findings += _gpus(node, model, model.name, ranks_per_node, ranks_origin)

@@ -37,9 +37,14 @@ __all__ = [
 ]
 
 CounterKind = Literal["error", "traffic", "other"]
-CounterClass = Literal["link", "retransmit", "drop", "traffic", "other"]
-"""How growth of a counter is judged (``checks/fabric.py``; README "Fabric counter classes"):
-``link`` — a fault of the link, the port or the transport: gated at zero growth; ``retransmit`` —
+CounterClass = Literal["link", "ber", "transport", "retransmit", "drop", "traffic", "other"]
+"""How growth of a counter is judged (``checks/fabric.py``; docs/explanation/faults-by-cause.md):
+``link`` — a fault of the link or the port's integrity: gated at zero growth; ``ber`` — symbol
+errors, judged as a rate per bit the port received against a bit-error-rate floor
+(``fabric.max_bit_error_rate``, 1e-12 by default), never at zero; ``transport`` — a work request
+completed in error (a completion, remote-access or RNR-retry error): a healthy NIC counts these
+when its peer is killed mid-transfer, so they are judged at zero growth only in a window where the
+suite killed no job, and recorded with a warning otherwise; ``retransmit`` —
 the transport recovered by resending (or reordering): gated as a rate per GB the port moved;
 ``drop`` — packets dropped by design on healthy hosts too: recorded and shown, gated only where a
 profile sets an allowance; ``traffic`` and ``other``: recorded only."""
@@ -47,7 +52,10 @@ profile sets an allowance; ``traffic`` and ``other``: recorded only."""
 COUNTER_CLASSES: Mapping[str, CounterClass] = {
     # IBTA PortCounters (sysfs counters/): symbol and link errors, recoveries, integrity
     # (IBTA vol. 1, 16.1.3.5 PortCounters; Linux Documentation/ABI/stable/sysfs-class-infiniband).
-    "symbol_error": "link",
+    # After FEC on EDR/HDR/NDR links ("symbol errors ... are the actual errors seen by the application
+    # level after error correction": NVIDIA ibdiagnet user manual, "Bit Error Rate (BER)", whose BER
+    # test's default threshold is 10^-12): a rate per bit, not a count at zero.
+    "symbol_error": "ber",
     "link_error_recovery": "link",
     "link_downed": "link",
     "port_rcv_errors": "link",
@@ -57,15 +65,20 @@ COUNTER_CLASSES: Mapping[str, CounterClass] = {
     "port_rcv_constraint_errors": "link",
     "local_link_integrity_errors": "link",
     "excessive_buffer_overrun_errors": "link",
-    # mlx5 hw_counters/ that mean a corrupt packet or a failed transport operation (a work request
-    # completed in error): NVIDIA "Understanding mlx5 Linux Counters"; Linux drivers/infiniband/hw/mlx5/counters.c.
+    # mlx5 hw_counters/ that mean a corrupt packet: NVIDIA "Understanding mlx5 Linux Counters".
     "hw_rx_icrc_encapsulated": "link",
-    "hw_req_cqe_error": "link",
-    "hw_resp_cqe_error": "link",
-    "hw_req_remote_access_errors": "link",
-    "hw_resp_remote_access_errors": "link",
-    "hw_req_remote_invalid_request": "link",
-    "hw_resp_local_length_error": "link",
+    # mlx5 hw_counters/ of a failed transport operation (a work request completed in error; the same
+    # NVIDIA page; Linux drivers/infiniband/hw/mlx5/counters.c). A peer killed mid-transfer makes a
+    # healthy NIC count them, as does an RNR NAK retried past the QP's limit (rnr_nak_retry_err:
+    # "the number of received RNR NAK packets that exceeded the retry limit": the operation failed,
+    # it was not recovered).
+    "hw_req_cqe_error": "transport",
+    "hw_resp_cqe_error": "transport",
+    "hw_req_remote_access_errors": "transport",
+    "hw_resp_remote_access_errors": "transport",
+    "hw_req_remote_invalid_request": "transport",
+    "hw_resp_local_length_error": "transport",
+    "hw_rnr_nak_retry_err": "transport",
     # mlx5 hw_counters/ the transport recovers from by retransmitting, or that count reordering,
     # which adaptive routing causes by design ("The QP retry limit was not exceeded": the same
     # NVIDIA page; MLNX_OFED "Out-of-Order (OOO) Data Placement" for adaptive routing).
@@ -73,7 +86,6 @@ COUNTER_CLASSES: Mapping[str, CounterClass] = {
     "hw_packet_seq_err": "retransmit",
     "hw_out_of_sequence": "retransmit",
     "hw_implied_nak_seq_err": "retransmit",
-    "hw_rnr_nak_retry_err": "retransmit",
     "hw_duplicate_request": "retransmit",
     "hw_roce_adp_retrans": "retransmit",
     "hw_roce_adp_retrans_to": "retransmit",
@@ -110,9 +122,9 @@ counters are left out on purpose (``other``): they count work requests flushed w
 is torn down, which follows any error and also a clean teardown with work outstanding."""
 
 ERROR_COUNTERS: frozenset[str] = frozenset(
-    name for name, cls in COUNTER_CLASSES.items() if cls in ("link", "retransmit", "drop")
+    name for name, cls in COUNTER_CLASSES.items() if cls in ("link", "ber", "transport", "retransmit", "drop")
 )
-"""Counters whose growth needs a look (``FabricDiff.errors``): every link, retransmit and drop counter."""
+"""Counters whose growth needs a look (``FabricDiff.errors``): every counter of a judged class."""
 
 TRAFFIC_COUNTERS: frozenset[str] = frozenset(
     {

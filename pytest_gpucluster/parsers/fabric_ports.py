@@ -216,6 +216,8 @@ class FabricSnapshot:
     taken_at: float | None
     ib_ports: tuple[IbPort, ...]
     interfaces: tuple[NetInterface, ...]
+    root: bool | None = None
+    """Whether the reader ran as root, so could clear the port counters (None: not recorded)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -223,6 +225,7 @@ class FabricSnapshot:
             "taken_at": self.taken_at,
             "ib_ports": [p.to_json() for p in self.ib_ports],
             "interfaces": [i.to_json() for i in self.interfaces],
+            "root": self.root,
         }
 
 
@@ -328,6 +331,7 @@ def parse_snapshot(data: Mapping[str, Any], source: str = "fabric snapshot") -> 
         taken_at=float(taken) if isinstance(taken, (int, float)) else None,
         ib_ports=tuple(ib_ports),
         interfaces=tuple(interfaces),
+        root=data["root"] if isinstance(data.get("root"), bool) else None,
     )
 
 

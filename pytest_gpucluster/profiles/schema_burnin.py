@@ -147,8 +147,19 @@ class FabricSection(Section):
     max_error_increase: int = Field(
         0,
         ge=0,
-        description="How much each link-class counter (symbol errors, link downed, link recovery, receive "
-        "errors, integrity, buffer overrun, NIC rx/tx errors...) may grow over the run, per port.",
+        description="How much each link-class counter (link downed, link recovery, receive errors, "
+        "integrity, buffer overrun, NIC rx/tx errors...) and, in a window where the suite killed no job, "
+        "each transport-class counter (completion, remote-access and RNR-retry errors) may grow over the "
+        "run, per port. Symbol errors are judged by max_bit_error_rate.",
+    )
+    max_bit_error_rate: float = Field(
+        1e-12,
+        ge=0,
+        description="Ceiling for symbol errors per bit a port received over the run (a bit error rate). "
+        "On EDR/HDR/NDR links symbol errors are the errors left after forward error correction, and "
+        "NVIDIA's ibdiagnet BER test takes 1e-12 as its default threshold; a count gated at zero would "
+        "fail long runs on many links for errors within the link's specification. A port whose data "
+        "counters are unreadable is judged by max_error_increase instead.",
     )
     max_retransmits_per_gb: float | None = Field(
         100.0,
@@ -191,7 +202,7 @@ class FabricSection(Section):
         bad = {k: v for k, v in value.items() if v < 0}
         if bad:
             raise ValueError(f"allowances must be 0 or more, got {bad}")
-        _known(value, ("link", "drop"), "an allowance (a count)")
+        _known(value, ("link", "ber", "transport", "drop"), "an allowance (a count)")
         return value
 
     @field_validator("retransmits_per_gb")

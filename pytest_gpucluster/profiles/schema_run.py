@@ -36,6 +36,13 @@ class RegressionTolerance(Section):
         description="How far past the baseline's noise a value may move the wrong way: '5%', or 'off' "
         "(compared and shown, never failed on)."
     )
+    healthy_spread: Annotated[float | None, BeforeValidator(_tolerance)] = Field(
+        None,
+        description="How far healthy reruns on this cluster went past the baseline's noise, measured "
+        "(benchmarks/gate_noise.py): '40%'. Where it exceeds the tolerance the metric is not gateable "
+        "here at that tolerance: a value inside it is shown as 'not gateable', with the spread, and "
+        "regresses only beyond it.",
+    )
     source: str | None = Field(
         None, description="Where the number comes from (measured noise, a public figure)."
     )

@@ -42,7 +42,14 @@ __all__ = [
 ]
 
 GateMode = Literal["fail", "warn"]
-_STATUS_ORDER: dict[str, int] = {"regression": 0, "no value": 1, "improved": 2, "ok": 3, "info": 4}
+_STATUS_ORDER: dict[str, int] = {
+    "regression": 0,
+    "no value": 1,
+    "not gateable": 2,
+    "improved": 3,
+    "ok": 4,
+    "info": 5,
+}
 _VERSION_NAMES = {"nccl": "NCCL", "cuda": "CUDA", "driver": "driver", "python": "Python"}
 
 

@@ -69,6 +69,8 @@ def _past_noise(c: MetricChange) -> str:
 
 
 def _allowed(c: MetricChange) -> str:
+    if c.status == "not gateable" and c.tolerance is not None and c.spread is not None:
+        return f"not gateable here: healthy spread {c.spread * 100:.0f}% > {c.tolerance * 100:g}%"
     if c.status == "info" or c.tolerance is None or c.direction is None:
         return "not gated"
     return f"{'-' if c.direction == 'higher' else '+'}{c.tolerance * 100:g}%"
@@ -158,6 +160,7 @@ def comparison_notes(c: BaselineComparison) -> list[str]:
         lines.append(f"load average at the start (1 min): baseline {c.load[0]:g}, this run {c.load[1]:g}")
     regs = c.regressions
     judged = [ch for ch in c.changes if ch.status not in ("info", "no value")]
+    noisy = [ch for ch in c.changes if ch.status == "not gateable"]
     confirmed = sum(ch.confirmed for ch in regs)
     if regs and c.mode == "warn":
         lines.append(f"WARNING: {len(regs)} regression(s), not failing (--regression-gate warn)")
@@ -170,6 +173,13 @@ def comparison_notes(c: BaselineComparison) -> list[str]:
         shown = len(c.changes) - len(judged)
         lines.append(
             f"no regression in {len(judged)} gated measurement(s); {shown} more compared and shown, not gated"
+        )
+    if noisy:
+        worst = max(noisy, key=lambda ch: ch.spread or 0.0)
+        lines.append(
+            f"not gateable here ({len(noisy)}): their healthy spread (the range of their repeats) exceeds "
+            f"their tolerance, so a change inside it is noise, not a regression; widest: {worst.subject} "
+            f"{(worst.spread or 0.0) * 100:.0f}% against {(worst.tolerance or 0.0) * 100:g}%"
         )
     return lines
 
@@ -191,6 +201,7 @@ def comparison_lines(
     """
     c = comparison
     lines = comparison_head(c)
+    # not gateable rows are summed up above (their count, the widest spread); the report lists each
     wanted = [ch for ch in c.changes if show_ok or ch.status in ("regression", "no value", "improved")]
     shown = wanted[:limit]
     if shown:
@@ -199,6 +210,6 @@ def comparison_lines(
         lines.append(f"... and {len(wanted) - len(shown)} more rows (see the report)")
     folded = len(c.changes) - len(wanted)
     if folded:
-        gated = sum(ch.status == "ok" for ch in c.changes)
+        gated = sum(ch.status in ("ok", "not gateable") for ch in c.changes)
         lines.append(f"{gated} more gated within tolerance, {folded - gated} more shown only (not gated)")
     return lines + comparison_notes(c)

@@ -9,13 +9,24 @@ asks for it (``Check.baseline_gate``: the curve summaries such as peak busbw). E
 (each point of an info sweep, equality checks, a count whose ceiling is zero) is compared and
 shown, never failed on.
 
-**The rule.** For a higher-is-better value the baseline's interval is the range of its repeats
-(``Spread.min``..``Spread.max``; for a fleet baseline, the range over the fleet's runs). The new
-value (the median of its repeats) regresses when it is below the interval's low end by more than
-the tolerance: ``new < low x (1 - tolerance)``. For lower-is-better, ``new > high x (1 +
-tolerance)``. The change the tables show is between the medians; the gate's own distance
-(``margin``) is from the baseline's end of the interval, so a noisy baseline needs a larger drop.
-The same rule the other way round says *improved*.
+**The rule: beyond the metric's own measured spread.** Each value carries the range of its repeats
+(``Spread.min``..``Spread.max``; for a fleet baseline, the range over the fleet's runs), in the
+baseline and in this run. Load on a machine only ever slows a repeat, so the best repeat is what
+the machine can do and a real regression slows every repeat. The gate's distance (``margin``) is
+from the baseline's *worse* end to this run's *best* repeat: for a higher-is-better value
+``(low_old - high_new) / low_old``, for lower-is-better ``(low_new - high_old) / high_old``. A value
+regresses when its margin exceeds its tolerance: every repeat of this run is worse than every
+repeat of the baseline by more than the tolerance, which noise inside either run cannot do. The
+healthy *spread* of the metric is the wider relative range of the two runs' repeats (``(max -
+min) / min``); a metric that did not regress and whose spread exceeds its tolerance is ``not
+gateable`` here: its repeats on this cluster vary more than the change the tolerance asks to see,
+so it is shown with its spread instead of being held to a number it cannot keep, and never failed
+on at random (issue 35: a healthy rerun's 1 KiB all_reduce latency ran 0.23-1.5 ms, and the median
+of such repeats against the baseline's range failed the gate). Between runs a metric may move more
+than inside one (the machine loaded by others for the whole of a test): a profile rule's measured
+``healthy_spread`` (how far healthy reruns on this cluster went past the baseline's noise,
+``benchmarks/gate_noise.py``) raises the bar to it, and a value inside it is ``not gateable``. The
+change the tables show is between the medians. The same rule the other way round says *improved*.
 
 **Hosts.** Values labelled with a machine (``host``, ``rank``, ``pair``, ``node``, ``gpu``) are
 compared per host. A value that names its host (``host`` or ``node``) is matched by it — and its
@@ -54,7 +65,7 @@ __all__ = [
 ]
 
 Direction = Literal["higher", "lower"]
-Status = Literal["regression", "improved", "ok", "info", "no value"]
+Status = Literal["regression", "improved", "ok", "info", "no value", "not gateable"]
 
 HOST_LABELS = frozenset({"host", "rank", "pair", "node", "gpu"})
 """Labels that name a machine or a place on one: they differ between allocations."""
@@ -113,6 +124,9 @@ class ToleranceRule:
     tolerance: float | None
     source: str
     """Where it comes from: ``profile cpu-local: regression.tolerances[0]``."""
+    healthy_spread: float | None = None
+    """How far healthy reruns on this cluster went past the baseline's noise (measured); above the
+    tolerance, a value regresses only beyond it and is ``not gateable`` inside it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,12 +143,21 @@ class Tolerances:
                 return rule.tolerance, rule.source
         return self.default, self.source
 
+    def healthy_spread(self, metric: str) -> float | None:
+        """The measured healthy spread of the rule ``metric`` matches (None: not measured)."""
+        for rule in self.rules:
+            if fnmatch.fnmatchcase(metric, rule.pattern):
+                return rule.healthy_spread
+        return None
+
     def to_json(self) -> dict[str, Any]:
         return {
             "default": self.default,
             "source": self.source,
             "rules": [
-                {"pattern": r.pattern, "tolerance": r.tolerance, "source": r.source} for r in self.rules
+                {"pattern": r.pattern, "tolerance": r.tolerance, "source": r.source}
+                | ({} if r.healthy_spread is None else {"healthy_spread": r.healthy_spread})
+                for r in self.rules
             ],
         }
 
@@ -145,6 +168,7 @@ class Tolerances:
                 str(r["pattern"]),
                 None if r.get("tolerance") is None else float(r["tolerance"]),
                 str(r["source"]),
+                None if r.get("healthy_spread") is None else float(r["healthy_spread"]),
             )
             for r in data.get("rules") or ()
         )
@@ -186,6 +210,12 @@ class MetricChange:
     """For a median over hosts: why, and which hosts on either side."""
     members: tuple[str, ...] = ()
     """The keys of this run behind the row (several for a median over hosts)."""
+    new_low: float | None = None
+    new_high: float | None = None
+    """This run's repeats' range (the margin is measured from its best end)."""
+    spread: float | None = None
+    """The metric's healthy spread: the wider relative range ((max - min) / min) of the baseline's
+    repeats and this run's; above the tolerance (and no regression) the row is ``not gateable``."""
 
     @property
     def subject(self) -> str:
@@ -211,21 +241,39 @@ def _beyond(end: float, distance: float) -> float:
     return distance / abs(end)
 
 
+def _width(low: float, high: float) -> float:
+    """The relative range of a value's repeats: ``(high - low) / low`` (0 for a single value)."""
+    if high <= low:
+        return 0.0
+    return math.inf if low <= 0 else (high - low) / low
+
+
 def _status(
-    low: float, high: float, new: float, direction: Direction | None, tolerance: float | None, is_gated: bool
-) -> tuple[Status, float | None]:
-    """The verdict and the margin: how far ``new`` lies past the baseline's worse end."""
+    old: tuple[float, float],
+    new: tuple[float, float],
+    direction: Direction | None,
+    tolerance: float | None,
+    is_gated: bool,
+    healthy: float | None = None,
+) -> tuple[Status, float | None, float]:
+    """The verdict, the margin (how far this run's best repeat lies past the baseline's worse end)
+    and the healthy spread (module docstring: the rule); ``healthy``: the profile's measured spread
+    between healthy reruns on this cluster."""
+    (low, high), (new_low, new_high) = old, new
+    spread = max(_width(low, high), _width(new_low, new_high), healthy or 0.0)
     if direction is None:
-        return "info", None
+        return "info", None, spread
     if direction == "higher":
-        margin, gain = _beyond(low, low - new), _beyond(high, new - high)
+        margin, gain = _beyond(low, low - new_high), _beyond(high, new_low - high)
     else:
-        margin, gain = _beyond(high, new - high), _beyond(low, low - new)
+        margin, gain = _beyond(high, new_low - high), _beyond(low, low - new_high)
     if not is_gated or tolerance is None:
-        return "info", margin
-    if margin > tolerance + _SLACK:
-        return "regression", margin
-    return ("improved" if gain > tolerance + _SLACK else "ok"), margin
+        return "info", margin, spread
+    if margin > max(tolerance, healthy or 0.0) + _SLACK:
+        return "regression", margin, spread
+    if gain > tolerance + _SLACK:
+        return "improved", margin, spread
+    return ("not gateable" if spread > tolerance + _SLACK else "ok"), margin, spread
 
 
 def _finite(value: float) -> float | None:
@@ -254,12 +302,20 @@ def compare_pair(
     o = _finite(old.value) if old.judged else None
     n = _finite(new.value) if new.judged else None
     low, high = interval(old)
+    new_low, new_high = interval(new)
     status: Status
-    margin = None
+    margin = spread = None
     if o is None or n is None:
         status = "no value"
     else:
-        status, margin = _status(low, high, n, direction, tolerance, gated(new))
+        status, margin, spread = _status(
+            (low, high),
+            (new_low, new_high),
+            direction,
+            tolerance,
+            gated(new),
+            tolerances.healthy_spread(new.metric),
+        )
     return MetricChange(
         key=new.key,
         metric=new.metric,
@@ -282,6 +338,9 @@ def compare_pair(
         basis=basis,
         basis_note=basis_note,
         members=tuple(members) or (new.key,),
+        new_low=_finite(new_low),
+        new_high=_finite(new_high),
+        spread=None if spread is None else _finite(spread),
     )
 
 

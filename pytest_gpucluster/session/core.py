@@ -156,7 +156,9 @@ class GpuClusterSession:
 
         model = self.profile.model
         rules = tuple(
-            ToleranceRule(t.metric, t.tolerance, f"profile {model.name}: regression.tolerances[{i}]")
+            ToleranceRule(
+                t.metric, t.tolerance, f"profile {model.name}: regression.tolerances[{i}]", t.healthy_spread
+            )
             for i, t in enumerate(model.regression.tolerances)
         )
         source = f"--max-regression, {self.settings.source('max_regression')}"

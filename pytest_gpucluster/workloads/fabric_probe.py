@@ -154,12 +154,39 @@ def _shaped_rate(qdisc_json: str) -> int | None:
     return None
 
 
+def addressed_interfaces() -> set[str]:
+    """The interfaces of this machine that hold an IPv4 or IPv6 address, as NCCL takes them
+    (``ncclFindInterfaces`` walks ``getifaddrs`` and keeps interfaces with an AF_INET/AF_INET6
+    address): IPv6 from ``/proc/net/if_inet6``, IPv4 through ``SIOCGIFADDR`` per interface."""
+    import fcntl
+    import struct
+
+    named: set[str] = set()
+    try:
+        for line in Path("/proc/net/if_inet6").read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 6:
+                named.add(parts[5])
+    except OSError:
+        pass
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in socket.if_nameindex():
+            try:
+                fcntl.ioctl(sock.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue  # EADDRNOTAVAIL: no IPv4 address
+            named.add(name)
+    return named
+
+
 def read_links(sysfs_root: Path, *, shaping: bool, tc: str = "tc") -> dict[str, dict[str, Any]]:
     """Per network interface but ``lo``: its operstate, its speed in Mb/s (None where the driver
     has none: veth, or a link that is down) and, with ``shaping``, the rate its root qdisc holds it
     to (``tc``; only for the live /sys, whose interfaces are this node's). A link that negotiated
     down or was shaped is a change of environment the regression gate names."""
     links: dict[str, dict[str, Any]] = {}
+    addressed = addressed_interfaces() if shaping else None  # only the live /sys is this machine's
     for name in _list(sysfs_root / "class" / "net"):
         if name == "lo":
             continue
@@ -174,6 +201,7 @@ def read_links(sysfs_root: Path, *, shaping: bool, tc: str = "tc") -> dict[str, 
             "operstate": state,
             "speed_mbps": int(speed) if speed and speed.lstrip("-").isdigit() and int(speed) > 0 else None,
             "shaped_bytes_per_s": shaped,
+            "has_address": None if addressed is None else name in addressed,
         }
     return links
 
@@ -211,6 +239,7 @@ def snapshot(
     return {
         "node": node or socket.gethostname(),
         "taken_at": time.time(),
+        "root": os.geteuid() == 0,  # only root can clear the port counters (a saturated one stays so)
         "sysfs_root": str(root),
         "infiniband": read_ib_ports(root),
         "net": {name: read_interface(root, name, qdisc=qdisc, tc=tc_path) for name in names},

@@ -77,7 +77,8 @@ def _cpu(torch: Any, ctx: RankContext, delay: float) -> dict[str, Any]:
     nbytes = int(opts.get("cpu_copy_bytes", 32 << 20))
     src = torch.ones(nbytes // 4, dtype=torch.float32)
     dst = torch.empty_like(src)
-    copy_s = timed_median(lambda: dst.copy_(src), iters, 3, lambda: None, delay)
+    copies = timed_spans(lambda: dst.copy_(src), iters, 3, lambda: None, delay)
+    copy_s = statistics.median(copies)
     return {
         "threads": torch.get_num_threads(),
         "matmul_n": n,
@@ -86,6 +87,9 @@ def _cpu(torch: Any, ctx: RankContext, delay: float) -> dict[str, Any]:
         "matmul_flops": 2 * n**3 / matmul_s,
         "copy_bytes": src.numel() * 4,
         "memory_bandwidth": 2 * src.numel() * 4 / copy_s,
+        # each span's figure: the spread the regression gate compares beyond (results/gate.py)
+        "matmul_flops_spans": [2 * n**3 / s for s in spans],
+        "memory_bandwidth_spans": [2 * src.numel() * 4 / s for s in copies],
     }
 
 

@@ -285,7 +285,7 @@ def test_version_1_files_still_read_and_compare_with_version_2(tmp_path):
         [
             m(
                 "collectives.all_reduce.busbw",
-                0.9e9,
+                0.8e9,
                 threshold=3e8,
                 size_bytes=16777216,
                 collective="all_reduce",
@@ -294,8 +294,10 @@ def test_version_1_files_still_read_and_compare_with_version_2(tmp_path):
         ]
     )
     (change,) = compare_runs(old, now, 0.05).changes
-    # the median moved -25%; past the low end of the baseline's repeats (1.1 GB/s) it is -18.2%
-    assert (change.status, round(change.change, 2), round(change.margin, 3)) == ("regression", -0.25, 0.182)
+    # the median moved -33%; past the low end of the baseline's repeats (1.1 GB/s) it is -27.3%,
+    # beyond both the 5% tolerance and the repeats' own 18% spread (1.1-1.3 GB/s)
+    assert (change.status, round(change.change, 2), round(change.margin, 3)) == ("regression", -0.33, 0.273)
+    assert round(change.spread, 3) == 0.182
 
 
 def test_version_2_round_trips_ref_and_hint(tmp_path):

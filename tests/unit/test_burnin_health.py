@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pytest_gpucluster.checks.burnin.health import (
+    application_xids,
     counter_increases,
     cpu_checks,
     gpu_checks,
@@ -199,18 +200,64 @@ def test_an_ecc_counter_that_rises_names_the_gpu():
     assert counter_increases(before, before) == []
 
 
-def test_new_xid_events_are_matched_to_their_gpu_by_pci_address():
+def test_application_xids_of_a_real_log_are_warnings_matched_to_their_gpu_by_pci_address():
+    """Xid 45 (the driver cleaning up a killed process's work) on four GPUs, from a real journal:
+    NVIDIA's catalog puts it in RESTART_APP, so it is recorded as a warning naming each GPU, never
+    a suspect."""
     lines = _kernel_log("xid_45_four_gpus_journal_ogkm1150.log").splitlines()
     gpus = [_gpu_rank(i, f"00000000:{b.upper()}:00.0") for i, b in enumerate(("97", "ba", "dc", "ed"))]
     before = copy.deepcopy(gpus)
     before[0]["xid_events"] = parse_xid_lines("\n".join(lines[:4]))
     after = copy.deepcopy(gpus)
     after[0]["xid_events"] = parse_xid_lines("\n".join(lines))
-    suspects = counter_increases(before, after)
-    assert [(s.gpu, s.evidence["xid"]) for s in suspects] == [
-        ("GPU 2 (00000000:DC:00.0)", 45),
-        ("GPU 1 (00000000:BA:00.0)", 45),
-        ("GPU 3 (00000000:ED:00.0)", 45),
-        ("GPU 0 (00000000:97:00.0)", 45),
+    assert counter_increases(before, after) == []
+    warned = [c.hint for c in application_xids(before, after)]
+    assert [w.split(" (")[0] for w in warned] == [
+        "XID 45 on GPU 2",
+        "XID 45 on GPU 1",
+        "XID 45 on GPU 3",
+        "XID 45 on GPU 0",
     ]
-    assert suspects[0].reason.startswith("XID 45 during the run: kernel: NVRM: Xid (PCI:0000:dc:00): 45")
+    assert "(00000000:DC:00.0) of gpu-node-1" in warned[0] and "RESTART_APP" in warned[0]
+    assert "not blamed" in warned[0] and "kernel: NVRM: Xid (PCI:0000:dc:00): 45" in warned[0]
+
+
+def test_reset_class_xids_of_a_real_log_are_suspects_with_the_catalogs_action():
+    """A real dmesg excerpt: Xid 13 three times (RESTART_APP: warnings) then Xid 109 (context switch
+    timeout, RESET_GPU: a suspect whose action is to reset the GPU)."""
+    gpu = [_gpu_rank(0, "00000000:CB:00.0")]
+    before, after = copy.deepcopy(gpu), copy.deepcopy(gpu)
+    before[0]["xid_events"] = []
+    after[0]["xid_events"] = parse_xid_lines(_kernel_log("xid_13_109_dmesg_ctime_gpud46.log"))
+    [suspect] = counter_increases(before, after)
+    assert (suspect.gpu, suspect.evidence["xid"], suspect.evidence["action"]) == (
+        "GPU 0 (00000000:CB:00.0)",
+        109,
+        "reset GPU",
+    )
+    assert "RESET_GPU" in suspect.reason and "nvidia-smi -r" in suspect.reason
+    assert len(application_xids(before, after)) == 3
+
+
+def test_an_xid_not_in_the_catalog_table_is_a_suspect_never_taken_for_harmless():
+    gpu = [_gpu_rank(0, "00000000:1B:00.0")]
+    before, after = copy.deepcopy(gpu), copy.deepcopy(gpu)
+    before[0]["xid_events"] = []
+    after[0]["xid_events"] = [{"pci": "0000:1b:00", "xid": 250, "line": "NVRM: Xid (PCI:0000:1b:00): 250, x"}]
+    [suspect] = counter_increases(before, after)
+    assert suspect.evidence["action"] == "drain node" and "not in the XID table" in suspect.reason
+    assert application_xids(before, after) == []
+
+
+def test_cpu_checks_carry_each_timed_spans_figures_as_the_gates_spread():
+    value = {**_vm()[0]}
+    value["cpu"] = {
+        **value["cpu"],
+        "memory_bandwidth": 4.0e9,
+        "memory_bandwidth_spans": [3.0e9, 4.0e9, 4.4e9],
+    }
+    checks = cpu_checks([value], BurninSection(), "cpu-local")
+    [copy_check] = [c for c in checks if c.metric == "burnin.cpu_memory_bandwidth"]
+    assert (copy_check.spread.min, copy_check.spread.max, copy_check.spread.n) == (3.0e9, 4.4e9, 3)
+    [matmul] = [c for c in checks if c.metric == "burnin.cpu_matmul"]
+    assert matmul.spread is None  # recorded before the spans were kept: no spread, as before

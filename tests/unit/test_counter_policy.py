@@ -60,8 +60,10 @@ def by_counter(checks, metric):
     return {(c.labels["device"], c.labels["counter"]): c for c in checks if c.metric == metric}
 
 
-def test_every_classified_counter_is_in_the_readme_table():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+def test_every_classified_counter_is_in_the_docs_table():
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "explanation" / "faults-by-cause.md").read_text(
+        encoding="utf-8"
+    )
     for name, cls in COUNTER_CLASSES.items():
         assert f"| `{name}` | {cls} |" in readme, name
     assert counter_class("hw_out_of_sequence") == "retransmit" and counter_class("rx_dropped") == "drop"
@@ -124,7 +126,9 @@ def test_out_of_sequence_at_a_normal_rate_passes_and_a_retransmit_rate_above_the
     assert not [c for c in counter_checks([before], [lossy], ar, "site", {}).checks if c.failed]
 
 
-@pytest.mark.parametrize(("device", "counter"), [("mlx5_0", "link_downed"), ("mlx5_bond_0", "symbol_error")])
+@pytest.mark.parametrize(
+    ("device", "counter"), [("mlx5_0", "link_downed"), ("mlx5_bond_0", "link_error_recovery")]
+)  # symbol errors are a rate: test_fabric_by_cause.py
 def test_one_link_error_fails_naming_node_device_port_and_counter(tmp_path, device, counter):
     verdict = counter_checks(
         [h100()], [grown(tmp_path, (device, "counters", counter, 1))], SECTION, "site", {}

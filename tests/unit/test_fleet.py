@@ -66,7 +66,9 @@ def test_a_run_is_held_against_the_lowest_the_fleet_measured():
     )
     baseline = RunResults.from_json(fleet.to_json(), "fleet.json")
     ok = compare_runs(baseline, run("new.json", [m(8.8 * GB)]), 0.05).changes[0]
-    assert ok.status == "ok"  # 12% below the median, 2.2% below the fleet's lowest
+    # 12% below the median, 2.2% below the fleet's lowest: no regression (the fleet's 9-11 GB/s
+    # range is wider than the 5% tolerance, so the row says it is not gateable here)
+    assert ok.status == "not gateable"
     bad = compare_runs(baseline, run("new.json", [m(8.0 * GB)]), 0.05).changes[0]
     assert bad.status == "regression" and bad.old_n == 2
 

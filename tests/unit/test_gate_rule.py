@@ -36,7 +36,13 @@ def status(old, new, tolerance=0.05, **kwargs):
 def test_a_drop_inside_the_baselines_noise_is_no_regression_however_far_the_median_moved():
     old = m("x.busbw", 100 * GB, spread=[90 * GB, 100 * GB, 110 * GB])
     within = status(old, m("x.busbw", 88 * GB))  # the median fell 12%, but only 2.2% below 90
-    assert (within.status, round(within.change, 3), round(within.margin, 3)) == ("ok", -0.12, 0.022)
+    # not a regression; and its repeats range 22% (90-110), wider than the 5% tolerance: not gateable here
+    assert (within.status, round(within.change, 3), round(within.margin, 3)) == ("not gateable", -0.12, 0.022)
+    assert round(within.spread, 3) == 0.222
+    assert (
+        status(m("x.busbw", 100 * GB, spread=[99 * GB, 100 * GB, 101 * GB]), m("x.busbw", 97 * GB)).status
+        == "ok"
+    )
     beyond = status(old, m("x.busbw", 80 * GB))
     assert (beyond.status, round(beyond.margin, 3)) == ("regression", 0.111)
     assert comparison_row(beyond)[2:8] == (
@@ -46,10 +52,33 @@ def test_a_drop_inside_the_baselines_noise_is_no_regression_however_far_the_medi
 
 def test_lower_is_better_is_judged_against_the_high_end():
     old = m("x.latency", 1e-3, unit="s", threshold=5e-3, comparison="<=", spread=[0.9e-3, 1e-3, 2e-3])
-    assert status(old, m("x.latency", 2.2e-3, unit="s", threshold=5e-3, comparison="<="), 0.2).status == "ok"
+    assert status(old, m("x.latency", 2.2e-3, unit="s", threshold=5e-3, comparison="<="), 0.2).status == (
+        "not gateable"  # 10% past the high end: no regression; its repeats span 0.9-2 ms, wider than 20%
+    )
     slow = status(old, m("x.latency", 2.5e-3, unit="s", threshold=5e-3, comparison="<="), 0.2)
     assert (slow.status, round(slow.margin, 2)) == ("regression", 0.25)
     assert comparison_row(slow)[6:8] == ("+25.0%", "+20%")
+
+
+def test_the_reruns_best_repeat_is_what_counts_so_a_noisy_rerun_never_fails_at_random():
+    """Issue 35's false alarm, in the shape it had: the baseline's 1 KiB latency repeats 0.62-0.69 ms,
+    a healthy rerun's 0.49-1.33 ms (median 1.30 ms, +89% past the baseline's high end). Its best
+    repeat is inside the baseline's range: not gateable (spread 172% > 20%), never a regression;
+    a rerun whose every repeat is slower (a CPU quota) still regresses."""
+    kw = {"unit": "s", "threshold": 3.2e-3, "comparison": "<="}
+    old = m("lat", 0.658e-3, spread=[0.624e-3, 0.658e-3, 0.686e-3], **kw)
+    noisy = status(old, m("lat", 1.297e-3, spread=[0.486e-3, 1.297e-3, 1.325e-3], **kw), 0.2)
+    assert (noisy.status, round(noisy.spread, 2)) == ("not gateable", 1.73)
+    assert "not gateable here: healthy spread 173% > 20%" in comparison_row(noisy)[7]
+    slowed = status(old, m("lat", 2.0e-3, spread=[1.8e-3, 2.0e-3, 2.6e-3], **kw), 0.2)
+    assert (slowed.status, round(slowed.margin, 2)) == ("regression", 1.62)
+    noisy_run = compare_runs(
+        run([old]), run([m("lat", 1.297e-3, spread=[0.486e-3, 1.297e-3, 1.325e-3], **kw)]), 0.2
+    )
+    lines = comparison_lines(noisy_run, show_ok=False)
+    assert "no regression in 1 gated measurement(s); 0 more compared and shown, not gated" in lines
+    [said] = [line for line in lines if line.startswith("not gateable here (1): ")]
+    assert "widest: lat [intra-node] 173% against 20%" in said
 
 
 def test_a_value_that_was_zero_regresses_when_it_grows_and_an_improvement_is_named():
@@ -199,3 +228,18 @@ def test_a_count_that_must_be_zero_is_left_to_its_threshold():
     old = m("burnin.stragglers", 0.0, unit="ranks", threshold=0.0, comparison="<=")
     grown = status(old, m("burnin.stragglers", 1.0, unit="ranks", threshold=0.0, comparison="<="))
     assert grown.status == "info"
+
+
+def test_a_measured_healthy_spread_above_the_tolerance_makes_the_metric_not_gateable_inside_it():
+    """cpu-local's busbw moved up to 40% past the baseline's noise between healthy reruns (the machine
+    loaded by others for a whole test): at a 25% tolerance a 30% drop is inside that spread (not
+    gateable, never failed), a 3x slowdown is beyond it (a regression)."""
+    rules = (ToleranceRule("x.*", 0.25, "profile p: regression.tolerances[0]", healthy_spread=0.4),)
+    tol = Tolerances(0.05, rules=rules)
+    old = m("x.busbw", 100 * GB, spread=[99 * GB, 100 * GB, 101 * GB])
+    inside = status(old, m("x.busbw", 69 * GB), tol)
+    assert (inside.status, round(inside.margin, 2), inside.spread) == ("not gateable", 0.3, 0.4)
+    assert status(old, m("x.busbw", 33 * GB), tol).status == "regression"
+    # the rule travels with results.json's stored comparison
+    again = Tolerances.from_json(json.loads(json.dumps(tol.to_json())))
+    assert again.healthy_spread("x.busbw") == 0.4 and again.healthy_spread("y") is None

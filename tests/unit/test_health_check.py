@@ -8,6 +8,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from pytest_gpucluster import health_check
 from pytest_gpucluster.burnin.drain import drain_argv
 from pytest_gpucluster.health_check import REASON_LIMIT, add_health_check_command, pytest_argv, verdict_of
@@ -38,12 +40,33 @@ def test_a_failing_run_names_its_first_failure_on_one_short_line():
     assert len(verdict.reason) <= REASON_LIMIT
 
 
-def test_no_results_says_what_pytest_said_last():
-    verdict = verdict_of(4, None, "ERROR: gpucluster: unknown profile 'nope'\n\n", "vm")
-    assert (
-        verdict.reason
-        == "gpucluster health-check on vm: pytest exited 4: ERROR: gpucluster: unknown profile 'nope'"
+@pytest.mark.parametrize(
+    ("code", "said"),
+    [(2, "was interrupted"), (3, "internal error"), (4, "usage error"), (5, "selected no test")],
+)
+def test_a_pytest_exit_of_2_to_5_is_inconclusive_never_drained(code, said):
+    verdict = verdict_of(code, None, "ERROR: gpucluster: unknown profile 'nope'\n\n", "vm")
+    assert (verdict.healthy, verdict.state, verdict.exit_code, verdict.drains) == (
+        False,
+        "inconclusive",
+        2,
+        False,
     )
+    assert verdict.reason.startswith("gpucluster health-check on vm: inconclusive, not drained: ")
+    assert said in verdict.reason and verdict.reason.endswith("unknown profile 'nope'")
+
+
+def test_zero_tests_passed_is_not_healthy():
+    verdict = verdict_of(0, {"outcomes": [{"outcome": "skipped"}]}, "", "vm")
+    assert (verdict.healthy, verdict.state, verdict.drains) == (False, "inconclusive", False)
+    assert "0 quick tests passed" in verdict.reason
+
+
+def test_a_failed_check_is_the_only_verdict_that_drains():
+    results = {"outcomes": [{"test_id": "a::test_x", "outcome": "failed", "message": "slow"}]}
+    verdict = verdict_of(1, results, "", "gpu07")
+    assert (verdict.state, verdict.exit_code, verdict.drains) == ("failed", 1, True)
+    assert not verdict_of(1, None, "boom", "gpu07").drains  # no results: nothing says what failed
 
 
 def test_the_drain_is_an_argv_list_whatever_the_reason_holds():
@@ -107,7 +130,8 @@ def test_no_suite_says_where_it_looked(tmp_path, monkeypatch, capsys):
     add_health_check_command(parser.add_subparsers())
     args = parser.parse_args(["health-check"])
     assert args.func(args) == 2
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
+    err = captured.out + captured.err
     assert "no acceptance suite here" in err and "pytest_gpucluster/acceptance" in err and "--suite" in err
 
 
@@ -124,7 +148,61 @@ def test_a_node_name_that_names_several_nodes_is_not_drained(tmp_path, monkeypat
     parser = argparse.ArgumentParser()
     add_health_check_command(parser.add_subparsers())
     args = parser.parse_args(["health-check", "--suite", str(tmp_path), "--node", "n[1-3]", "--drain"])
+    results = tmp_path / "r"
+    results.mkdir()
+    failed = {"outcomes": [{"test_id": "a::test_x", "outcome": "failed", "message": "slow"}]}
+    (results / "results.json").write_text(json.dumps(failed))
+    args.results_dir = str(results)
     assert args.func(args) == 1
     assert len(calls) == 1 and calls[0][1:3] == ["-m", "pytest"]  # the quick tier, and no scontrol
     err = capsys.readouterr().err
     assert "not drained: cannot build a drain command for node 'n[1-3]'" in err
+
+
+H100_SYSFS = Path(__file__).parents[1] / "data" / "infiniband" / "sysfs_h100_9dev_attrs_gpud"
+
+
+def _readings(**kw):
+    from pytest_gpucluster.workloads.node_readings import GpuReading, NodeReadings
+
+    gpus = tuple(GpuReading(i, f"00000000:{0x18 + i:02X}:00.0", "NVIDIA H100") for i in range(8))
+    base = {"nvml": "read", "nvml_missing_package": False, "gpus": gpus,
+            "pci_gpus": tuple(f"0000:{0x18 + i:02x}:00.0" for i in range(8)), "ib_ports": {}}  # fmt: skip
+    return NodeReadings(**(base | kw))
+
+
+def test_nvml_only_reads_the_ib_ports_of_a_recorded_sysfs_tree(monkeypatch):
+    from pytest_gpucluster.workloads.node_readings import ib_ports
+
+    ports = ib_ports(H100_SYSFS)
+    assert len(ports) == 9 and all(state for state in ports.values())
+
+
+def test_nvml_only_a_lost_gpu_and_a_gpu_nvml_does_not_list_fail_with_their_action():
+    from pytest_gpucluster.workloads.node_readings import GpuReading
+
+    healthy, read = health_check.nvml_verdict(_readings(), "gpu07", 8)
+    assert healthy.healthy and "8 GPU(s) read by NVML" in healthy.reason and any("GPU 7" in r for r in read)
+    gpus = list(_readings().gpus)
+    gpus[3] = GpuReading(3, lost="NVMLError_GpuIsLost: GPU is lost")
+    lost, _ = health_check.nvml_verdict(_readings(gpus=tuple(gpus)), "gpu07", 8)
+    assert lost.drains and "GPU 3 is lost" in lost.reason and "reset the GPU, then RMA" in lost.reason
+    missing, _ = health_check.nvml_verdict(_readings(gpus=_readings().gpus[:7]), "gpu07", 8)
+    assert missing.drains and "0000:1f:00.0" in missing.reason
+    gpus = list(_readings().gpus)
+    gpus[1] = GpuReading(1, "00000000:19:00.0", "NVIDIA H100", remap_pending=True)
+    pending, _ = health_check.nvml_verdict(_readings(gpus=tuple(gpus)), "gpu07", 8)
+    assert pending.drains and "row remap is pending" in pending.reason
+
+
+def test_nvml_only_a_missing_package_is_inconclusive_and_a_dead_driver_fails():
+    no_pkg = _readings(
+        nvml="not read: the pynvml package is not installed", nvml_missing_package=True, gpus=()
+    )
+    verdict, _ = health_check.nvml_verdict(no_pkg, "gpu07", 8)
+    assert (verdict.state, verdict.drains) == ("inconclusive", False)
+    no_driver = _readings(nvml="not read: nvmlInit failed: NVMLError_DriverNotLoaded", gpus=())
+    verdict, _ = health_check.nvml_verdict(no_driver, "gpu07", 8)
+    assert verdict.drains and "DriverNotLoaded" in verdict.reason
+    cpu, _ = health_check.nvml_verdict(no_pkg, "vm", 0)
+    assert cpu.healthy

@@ -76,7 +76,8 @@ def test_the_probe_reads_state_and_speed_of_every_link_but_lo(tmp_path: Path):
     (tmp_path / "class" / "net" / "ib0").mkdir()  # no speed file (a link that is down)
     links = read_links(tmp_path, shaping=False)
     assert links == {
-        "eth0": {"operstate": "up", "speed_mbps": 25000, "shaped_bytes_per_s": None},
-        "ib0": {"operstate": None, "speed_mbps": None, "shaped_bytes_per_s": None},
-        "veth1": {"operstate": "up", "speed_mbps": None, "shaped_bytes_per_s": None},
+        # has_address: None where the probe reads a recorded tree, not this machine's addresses
+        "eth0": {"operstate": "up", "speed_mbps": 25000, "shaped_bytes_per_s": None, "has_address": None},
+        "ib0": {"operstate": None, "speed_mbps": None, "shaped_bytes_per_s": None, "has_address": None},
+        "veth1": {"operstate": "up", "speed_mbps": None, "shaped_bytes_per_s": None, "has_address": None},
     }

@@ -3,13 +3,14 @@ against the interfaces and RDMA ports a node has, ranks against GPUs, the GPU co
 finding on every node, each naming the node, the variable and what the node has."""
 
 import dataclasses
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
 from pytest_gpucluster.cluster.nccl_names import unknown_nccl_names
-from pytest_gpucluster.cluster.node_facts import ClusterFacts, node_facts
+from pytest_gpucluster.cluster.node_facts import ClusterFacts, NetLink, node_facts
 from pytest_gpucluster.cluster.preflight import preflight, selects
 from pytest_gpucluster.profiles.loader import load_profile
 from pytest_gpucluster.profiles.nccl_env import nic_selection
@@ -89,14 +90,56 @@ def test_every_finding_on_every_node_is_listed(tmp_path):
     ]
 
 
-def test_a_list_that_leaves_nccl_part_of_the_fabric_is_a_warning_not_a_stop():
+def _with_states(tmp_path, **states):
+    """The recorded H100 tree with some ports' state changed (``mlx5_0="1: DOWN"``)."""
+    root = tmp_path / "sys"
+    shutil.copytree(H100_SYSFS, root)
+    for device, state in states.items():
+        (root / "class" / "infiniband" / device / "ports" / "1" / "state").write_text(state + "\n")
+    return root
+
+
+def test_hcas_outside_the_list_are_not_counted_and_a_partly_down_selection_is_a_warning(tmp_path):
     node = _node("gpu-01", H100_TABLE.read_text(), H100_SYSFS)
-    found = _run("dgx-h100-ib", [node], {"NCCL_IB_HCA": "=mlx5_0,mlx5_1"})
-    assert [(f.severity, f.message) for f in found] == [
-        ("warning", "gpu-01: NCCL_IB_HCA==mlx5_0,mlx5_1 leaves NCCL 2 of the node's 9 active RDMA ports "
-         "(mlx5_0:1, mlx5_1:1) (profile p: nccl_env)"),
-    ]  # fmt: skip
+    # the other 7 active HCAs (storage, a bond) are outside NCCL_IB_HCA: not NCCL's, not a finding
+    assert _run("dgx-h100-ib", [node], {"NCCL_IB_HCA": "=mlx5_0,mlx5_1"}) == []
     assert _run("dgx-h100-ib", [node], {"NCCL_IB_HCA": "mlx5"}) == []  # every device, by prefix
+    half = _node("gpu-01", H100_TABLE.read_text(), _with_states(tmp_path, mlx5_1="1: DOWN"))
+    found = _run("dgx-h100-ib", [half], {"NCCL_IB_HCA": "=mlx5_0,mlx5_1"})
+    assert [(f.severity, f.message) for f in found] == [
+        ("warning", "gpu-01: NCCL_IB_HCA==mlx5_0,mlx5_1 selects 2 RDMA ports and 1 are active (mlx5_1:1 not): "
+         "NCCL runs on part of the fabric (profile p: nccl_env)"),
+    ]  # fmt: skip
+
+
+def test_every_selected_hca_port_down_is_an_error_nccl_would_use_sockets(tmp_path):
+    down = _node("gpu-01", H100_TABLE.read_text(), _with_states(tmp_path, mlx5_0="1: DOWN", mlx5_1="1: DOWN"))
+    [found] = _run("dgx-h100-ib", [down], {"NCCL_IB_HCA": "=mlx5_0,mlx5_1"})
+    assert found.severity == "error" and "all of them DOWN (mlx5_0:1, mlx5_1:1)" in found.message
+    assert "falls back to TCP sockets" in found.message
+
+
+def _links(node, **links):
+    return dataclasses.replace(node, links=tuple(NetLink(name, **kw) for name, kw in links.items()))
+
+
+def test_interfaces_are_judged_by_their_address_and_lo_is_refused_on_several_nodes():
+    base = _node("vm", H200_1GPU_TABLE.read_text(), ETH0_SYSFS)
+
+    def ifname(nodes, value):
+        found = _run("h200-sxm", nodes, {"NCCL_SOCKET_IFNAME": value}, ranks=1)
+        return [f for f in found if f.requirement == "NCCL_SOCKET_IFNAME"]
+
+    bare = _links(base, eth0={"operstate": "up", "has_address": False})
+    [found] = ifname([bare], "eth0")
+    assert found.severity == "error" and "eth0 has no IP address" in found.message
+    addressed = _links(base, eth0={"operstate": "up", "has_address": True})
+    assert ifname([addressed], "eth0") == []
+    # lo is fine on one node, refused on two
+    assert ifname([addressed], "lo") == []
+    found = ifname([addressed, dataclasses.replace(addressed, host="vm2")], "lo")
+    assert [f.host for f in found] == ["vm", "vm2"]
+    assert "only lo, the loopback, on a multi-node run" in found[0].message
 
 
 def test_the_wrong_part_and_an_excluding_list_that_leaves_nothing():

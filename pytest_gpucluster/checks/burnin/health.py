@@ -24,14 +24,22 @@ from typing import Any
 from pytest_gpucluster.burnin.drain import Suspect
 from pytest_gpucluster.burnin.stragglers import Sample, value_samples
 from pytest_gpucluster.checks.burnin.gpu import gpu_checks
+from pytest_gpucluster.checks.burnin.xid_classes import (
+    UNKNOWN_ACTION,
+    KillWindow,
+    XidClass,
+    classify,
+    kill_window_of,
+)
 from pytest_gpucluster.profiles.schema import BurninSection
-from pytest_gpucluster.results.model import Check, Comparison, ThresholdRef
+from pytest_gpucluster.results.model import Check, Comparison, Spread, ThresholdRef
 from pytest_gpucluster.results.text import format_value
 
 __all__ = [
     "CORRECTED",
     "COUNTERS",
     "STATES",
+    "application_xids",
     "corrected_checks",
     "counter_increases",
     "cpu_checks",
@@ -59,6 +67,7 @@ def _reading(
     ref: ThresholdRef | None,
     where: Mapping[str, Any],
     detail: str = "",
+    spread: Spread | None = None,
 ) -> Check:
     """One number of one rank (or GPU): ``where`` holds host, rank and (on GPUs) gpu; the hint says
     what the number is, of which rank or GPU (``GPU 3 of node7: bf16 matmul``)."""
@@ -76,6 +85,7 @@ def _reading(
         comparison,
         ref if threshold is not None else None,
         labels=where,
+        spread=spread,
         hint=hint,
     )
 
@@ -134,11 +144,15 @@ def cpu_checks(values: Iterable[Mapping[str, Any]], section: BurninSection, prof
         for metric, what, path, unit, key in specs:
             number = _num(value, *path)
             if number is not None:
+                spans = (value.get(path[0]) or {}).get(f"{path[1]}_spans")
+                ok = isinstance(spans, list) and spans and all(isinstance(v, (int, float)) for v in spans)
+                spread = Spread.of(spans) if ok else None  # each timed span: the gate's noise
                 out.append(
                     _reading(
-                        metric, what, number, getattr(section, key), unit, ">=", _key(profile, key), where
+                        metric, what, number, getattr(section, key), unit, ">=", _key(profile, key), where,
+                        spread=spread,
                     )
-                )
+                )  # fmt: skip
     return out
 
 
@@ -253,8 +267,9 @@ def counter_increases(
 ) -> list[Suspect]:
     """Every GPU whose uncorrectable ECC / retired-page / uncorrectable remapped-row counter grew
     between the two readings, or whose row remap is pending or failed after it, and every new XID
-    event (matched to its GPU by PCI address), as suspects. Corrected errors are not here
-    (`corrected_checks`)."""
+    event of a reset/reboot/RMA class or not in the table (NVIDIA's catalog, `xid_classes`;
+    matched to its GPU by PCI address), as suspects with that action. Application-class XIDs are
+    `application_xids`' warnings; corrected errors are `corrected_checks`'."""
     suspects: list[Suspect] = []
     for host, gpu, was, now in _read_twice(before, after):
         for what, path, action in STATES:
@@ -277,6 +292,33 @@ def counter_increases(
                         evidence={"counter": ".".join(path), "before": a, "after": b},
                     )
                 )  # fmt: skip
+    for host, gpu, event, xid_class in _new_xids(before, after):
+        if xid_class is not None and xid_class.application:
+            continue  # the application's doing: `application_xids` warns about it
+        said = event.get("line") or f"reported by NVML for PCI {event.get('pci', '')}"
+        if xid_class is None:
+            why = f"not in the XID table ({UNKNOWN_ACTION}; look it up in NVIDIA's XID catalog)"
+            action: str = UNKNOWN_ACTION
+        else:
+            why = f"{xid_class.name}; NVIDIA's XID catalog: {xid_class.bucket}: {xid_class.advice}"
+            action = xid_class.action
+        suspects.append(
+            Suspect(
+                node=host, kind="gpu", gpu=gpu, check="counters",
+                reason=f"XID {event.get('xid')} during the run ({why}): {said}",
+                evidence={"xid": event.get("xid"), "pci": str(event.get("pci", "")).lower(),
+                          "bucket": xid_class.bucket if xid_class else None, "action": action},
+            )
+        )  # fmt: skip
+    return suspects
+
+
+def _new_xids(
+    before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]
+) -> Iterator[tuple[str, str, Mapping[str, Any], XidClass | None]]:
+    """``(host, gpu, event, class)`` for each XID event of the run: in the after-reading's log and
+    not in the before-reading's, or heard by the session's NVML listener; matched to its GPU by PCI
+    address; classed by NVIDIA's catalog (`xid_classes.classify`; None: not in the table)."""
     old_xids = _xids(before)
     new_by_host: dict[str, list[Mapping[str, Any]]] = {}
     for host, events in _xids(after).items():
@@ -291,15 +333,43 @@ def counter_increases(
             pci = str(event.get("pci", "")).lower()
             match = gpu_of.get(_pci_key(pci))
             gpu = (match.get("nvml") or {}).get("gpu") if match else f"the GPU at PCI {pci}"
-            said = event.get("line") or f"reported by NVML for PCI {pci}"
-            suspects.append(
-                Suspect(
-                    node=host, kind="gpu", gpu=gpu, check="counters",
-                    reason=f"XID {event.get('xid')} during the run: {said}",
-                    evidence={"xid": event.get("xid"), "pci": pci},
-                )
-            )  # fmt: skip
-    return suspects
+            try:
+                xid_class = classify(int(event.get("xid")))  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                xid_class = None
+            yield host, str(gpu), event, xid_class
+
+
+def application_xids(
+    before: Sequence[Mapping[str, Any]],
+    after: Sequence[Mapping[str, Any]],
+    kills: Sequence[KillWindow] = (),
+) -> list[Check]:
+    """A recorded check (no threshold: a warning) per application-class XID of the run (NVIDIA's
+    ``RESTART_APP`` bucket: 13, 31, 43, 45...), naming host and GPU; the GPU is not blamed. One
+    inside the window of a job the suite itself stopped (``kills``, `xid_classes.kill_windows`) is
+    attributed to that kill. Its hint is the warning's sentence."""
+    out = []
+    for host, gpu, event, xid_class in _new_xids(before, after):
+        if xid_class is None or not xid_class.application:
+            continue
+        said = event.get("line") or f"reported by NVML for PCI {event.get('pci', '')}"
+        window = kill_window_of(event, host, kills)
+        cause = (
+            f"inside the window of job {window.job}, which the suite stopped (its ranks were killed): "
+            "attributed to that kill"
+            if window
+            else "an application's error, not the GPU's"
+        )
+        sentence = (
+            f"XID {event.get('xid')} on {gpu} of {host} ({xid_class.name}; NVIDIA's XID catalog: "
+            f"RESTART_APP) {cause}. Recorded, the GPU is not blamed: {said}"
+        )
+        labels = {"host": host, "gpu": gpu, "xid": event.get("xid")}
+        if window:
+            labels["killed_job"] = window.job
+        out.append(Check("burnin.xid_application", 1.0, "events", labels=labels, hint=sentence))
+    return out
 
 
 def corrected_checks(
