@@ -13,7 +13,7 @@ profile's ``fabric:`` section:
   addresses, so an interface counts when it is **up** in the first reading (a down one carries no
   traffic; a port that is down when it should not be is the port-state check's to fail);
 - **per counted port**, each counter by its class (``parsers/fabric_diff.COUNTER_CLASSES``; the
-  README's "Fabric counter classes" gives each counter's class and source), one check per counter
+  docs/explanation/counters-and-xids.md gives each counter's class and source), one check per counter
   naming node, device, port and counter:
 
   - *link* (link downed, link recovery, receive errors, integrity, buffer overrun, NIC rx/tx

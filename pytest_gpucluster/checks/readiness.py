@@ -141,8 +141,9 @@ def _fabric(node: NodeFacts, r: NodeReadiness, p: ProfileModel) -> list[Check]:
     states = [g for g in r.gpus if g.fabric_state]
     if not r.nvswitches and not states:
         if r.nvswitches == 0 or (r.gpus and "pci" in r.why):
-            return [Check("readiness.fabric_manager", 1.0, "bool", None, labels={"host": host},
-                          hint=f"{host}: no NVSwitch on the PCIe bus and no GPU reports a fabric state: not needed")]  # fmt: skip
+            # judged and passed, not left unmeasured: fail-closed counts this node's answer
+            return [_ok("readiness.fabric_manager", True, p, "fabric_manager", host,
+                        "no NVSwitch on the PCIe bus and no GPU reports a fabric state: not needed")]  # fmt: skip
         return [_unmeasured("readiness.fabric_manager", p, "fabric_manager", host,
                             "; ".join(v for k, v in r.why.items() if k in ("pci", "gpus")) or "no reading")]  # fmt: skip
     service = r.fm_service
@@ -184,8 +185,8 @@ def _fabric(node: NodeFacts, r: NodeReadiness, p: ProfileModel) -> list[Check]:
 
 def _sxid(node: NodeFacts, r: NodeReadiness, p: ProfileModel, limit: int) -> list[Check]:
     if r.nvswitches == 0 and not r.sxids:
-        return [Check("readiness.sxid_fatal", 0, "SXids", None, labels={"host": node.host},
-                      hint=f"{node.host}: no NVSwitch on the PCIe bus: no SXid to read")]  # fmt: skip
+        return [_at_most("readiness.sxid_fatal", 0, limit, "SXids", p, "max_sxid_fatal", node.host,
+                         "no NVSwitch on the PCIe bus: no SXid to read")]  # fmt: skip
     if "sxid" in r.why and not r.sxids:
         return [_unmeasured("readiness.sxid_fatal", p, "max_sxid_fatal", node.host, r.why["sxid"])]
     fatal = [s for s in r.sxids if s.fatal]

@@ -86,7 +86,9 @@ def add_options(parser: pytest.Parser) -> None:
         dest="gpucluster_dry_run",
         action="store_true",
         default=False,
-        help="print, per host, the exact commands each test would launch, and launch nothing",
+        help="launch nothing: print the plan as a table (each job, its nodes x ranks, tier, estimated run and "
+        "deadline) with the session's total and each tier's; with -v also each job's deadline arithmetic and "
+        "exact commands, environment included",
     )
     group.addoption(
         "--gpucluster-reap",

@@ -117,7 +117,7 @@ COUNTER_CLASSES: Mapping[str, CounterClass] = {
     "tx_window_errors": "link",
     "collisions": "link",
 }
-"""The class of every counter that is judged; the README's table is this one. ``hw_*_flush_error``
+"""The class of every counter that is judged; the table of docs/explanation/counters-and-xids.md is this one. ``hw_*_flush_error``
 counters are left out on purpose (``other``): they count work requests flushed when a queue pair
 is torn down, which follows any error and also a clean teardown with work outstanding."""
 

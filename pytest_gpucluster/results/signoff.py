@@ -67,8 +67,10 @@ def verdict_of(
     reasons = Counter(f.reason for f in findings)
     by_reason = ", ".join(f"{reasons[r]} {r}" for r in REASONS if reasons.get(r))
     bad = bool(findings) or counts.get("failed", 0) + counts.get("error", 0) > 0
-    if not outcomes and not measured:
-        return Verdict(False, "NO RESULTS: nothing was measured", "")
+    if not measured and not bad:
+        # passing or skipped tests that measured nothing (a dry run, every test skipped) sign nothing
+        why = f" ({tests})" if tests else ""
+        return Verdict(False, f"NO RESULTS: nothing was measured{why}", "")
     if not bad:
         return Verdict(
             True,

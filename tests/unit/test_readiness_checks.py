@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_gpucluster.checks.fail_closed import coverage
 from pytest_gpucluster.checks.readiness import explainer, readiness_checks, readiness_preflight
 from pytest_gpucluster.cluster.node_facts import ClusterFacts, NodeFacts
 from pytest_gpucluster.cluster.readiness import node_readiness
@@ -116,7 +117,15 @@ def test_no_nvswitch_and_no_fabric_state_needs_no_fabric_manager(dgx):
     checks = readiness_checks(facts(smi_q={"returncode": 0, "text": pcie}, pci={"devices": []},
                                     fabric_manager={"service": {"why": "'systemctl' is not on PATH"}}), dgx)  # fmt: skip
     [fm] = [c for c in checks if c.metric == "readiness.fabric_manager"]
-    assert fm.threshold is None and fm.verdict == "info" and "not needed" in fm.hint
+    assert fm.ref == ThresholdRef(dgx.name, ("readiness", "fabric_manager"))
+    assert fm.verdict == "pass" and "not needed" in fm.hint
+    [sxid] = [c for c in checks if c.metric == "readiness.sxid_fatal"]
+    assert sxid.ref is not None and sxid.verdict == "pass" and "no SXid to read" in sxid.hint
+    # Judged under their keys, so fail-closed does not call them NOT MEASURED on a PCIe node (the
+    # real H200 VM's quick tier did, before: profile.readiness.fabric_manager n/a NOT MEASURED).
+    measured = _measured(checks, "acceptance/test_inventory.py::test_node_readiness")
+    missing = [c.metric for c in coverage(dgx, measured, []).checks if "readiness" in c.metric]
+    assert not [m for m in missing if "fabric_manager" in m or "sxid" in m], missing
 
 
 def _measured(checks: list[Check], test_id: str) -> list[Measurement]:
@@ -247,9 +256,12 @@ def test_the_real_h200_vm_is_ready_for_its_part_profile_and_names_what_a_site_pr
     cluster = ClusterFacts((NodeFacts(host="h200-vm", readiness=ready),), "test")
     part = readiness_checks(cluster, load_profile("h200-sxm").model)
     assert part and not _failed(part)
-    assert {c.metric: c.verdict for c in part if c.threshold is None} == {
-        "readiness.fabric_manager": "info", "readiness.sxid_fatal": "info"
+    assert {c.metric: c.verdict for c in part if "NVSwitch" in c.hint} == {
+        "readiness.fabric_manager": "pass", "readiness.sxid_fatal": "pass"
     }  # fmt: skip
+    h200 = load_profile("h200-sxm").model
+    measured = _measured(part, "acceptance/test_inventory.py::test_node_readiness")
+    assert not [c for c in coverage(h200, measured, []).checks if "readiness" in c.metric]
     site = _failed(readiness_checks(cluster, load_profile("h200-spectrumx").model))
     assert [(c.metric, c.problem) for c in site] == [("readiness.acs", "not measured")]
     assert "'lspci' is not on PATH" in site[0].hint
