@@ -17,9 +17,10 @@ The session sets the node aside after the probe and runs every job on the three 
 bad node should cost one probe deadline at most, never one per job (before the set-aside stage:
 a 4-node rendezvous timing out in every job). The line ending in ``ratio`` is (bad run - healthy
 run) / the per-node probe deadline; goal: at most 1.1. Runs alternate, healthy first, ``--rounds``
-times each; the ratio is of the medians. In ``hang`` mode the bad run also pays the remote
-reaper's wait for the unreachable node once (15 s, `launch.process`: the kill sent through ssh
-to a host that does not answer hangs too), a fixed cost that weighs less on a longer deadline.
+times each; the ratio is of the medians. In ``hang`` mode the bad node's probe job is stopped at
+its deadline and its remote reaper (which hangs too) is given 2 s, not 15 (`launch.process`: its
+agent log stayed empty, so nothing of the job ran there), and the session-start leftover scan,
+which waits up to 30 s for a node, runs beside the probe instead of before it (`plugin`).
 
     flock /tmp/heavy.lock python benchmarks/set_aside_cost.py [--bad hang|cut] [--rounds 1]
 """

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from collections.abc import Generator
 from typing import Any
 
@@ -122,10 +123,31 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         if not session.config.option.collectonly:
             judge_nodes(gc)
         return
+    scan: threading.Thread | None = None
+    failed: list[BaseException] = []
     if not gc.settings.dry_run:
-        gc.check_leftovers(kill=gc.settings.reap)
+        if gc.settings.reap or session.config.option.collectonly:
+            gc.check_leftovers(kill=gc.settings.reap)  # reaped before the probe reads the GPUs
+        else:
+            # Only a report: it runs beside the probe, so a node that never answers costs the
+            # probe's deadline once, not the scan's 30 s wait for it first, then the deadline.
+            def report_leftovers() -> None:
+                try:
+                    gc.check_leftovers(kill=False)
+                except BaseException as exc:  # raised here, after the probe, as it was before
+                    failed.append(exc)
+
+            scan = threading.Thread(target=report_leftovers, name="gpucluster-leftovers", daemon=True)
+            scan.start()
+    try:
+        if not session.config.option.collectonly:
+            probe_nodes(gc)
+    finally:
+        if scan is not None:
+            scan.join()
+    if failed:
+        raise failed[0]
     if not session.config.option.collectonly:
-        probe_nodes(gc)
         judge_nodes(gc)  # the preflight, then the usable nodes split from the rest (session/start.py)
 
 

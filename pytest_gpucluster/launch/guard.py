@@ -245,6 +245,10 @@ def run(args: GuardArgs) -> int:
     except OSError as exc:
         _say(f"could not start {args.command[0]}: {exc}")
         return 127
+    if args.watch_pid is None:
+        # The controller's sign that this node answered (`launch.process`: a remote agent whose
+        # log stays empty never ran, and its reaper is not waited for).
+        _say(f"job {args.job_id}: agent started (pid {agent.pid})")
     hangup: list[str] = []
 
     def pass_on(signum: int, _frame: FrameType | None) -> None:

@@ -339,7 +339,9 @@ class Cluster:
         cancels included)."""
         reapers = [
             LaunchCommand(
-                host=c.host, argv=tuple(job.remote.wrap(c.host, reap_argv(job.python, job.job_id), {}))
+                host=c.host,
+                argv=tuple(job.remote.wrap(c.host, reap_argv(job.python, job.job_id), {})),
+                remote=True,
             )
             for c in commands
             if c.remote and job.remote is not None and not job.remote.shares_proc

@@ -35,6 +35,12 @@ HELLO = b"gpucluster-controller-hello\n"
 knows from it that stdin is forwarded, so a later end-of-file means the controller is gone."""
 
 
+REAPER_WAIT_S = 15.0
+"""How long a remote reaper (the kill run on a node through its prefix) gets to finish."""
+SILENT_REAPER_WAIT_S = 2.0
+"""The same for a node whose launch never answered: its reaper hangs as the launch did."""
+
+
 @dataclass(frozen=True)
 class ProcessOutcome:
     """What happened to the processes of one job (the rank files say what the ranks did)."""
@@ -74,6 +80,9 @@ class _Agents:
     """The started agents of one job, with what must be closed when it ends."""
 
     procs: list[subprocess.Popen | None] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+    """The host of each started (or tried) agent, in order."""
+    log_paths: list[Path] = field(default_factory=list)
     logs: list[IO[bytes]] = field(default_factory=list)
     lifelines: list[IO[bytes]] = field(default_factory=list)
     """stdin pipes of remote commands, open until their agents are done."""
@@ -81,6 +90,23 @@ class _Agents:
 
     def exit_codes(self) -> list[int | None]:
         return [p.poll() if p is not None else None for p in self.procs]
+
+    def silent_hosts(self) -> set[str]:
+        """Hosts none of whose agents wrote a byte to its log: their launch never answered.
+
+        A remote agent's log gets the far-side guard's first line (`launch.guard`) as soon as the
+        node runs the command, so an empty log once the local agent is gone means nothing of the
+        job ever started there (``ssh`` to a host that does not answer prints nothing until its
+        own timeout). Read after the local agents were killed, so no late line is missed.
+        """
+        heard: set[str] = set()
+        for host, path in zip(self.hosts, self.log_paths, strict=True):
+            try:
+                if path.stat().st_size > 0:
+                    heard.add(host)
+            except OSError:
+                pass
+        return set(self.hosts) - heard
 
     def close(self) -> None:
         for proc in self.procs:
@@ -105,6 +131,8 @@ def _start_agents(
         env = {**os.environ, **command.env, JOB_ID_ENV: spec.job_id}  # type: ignore[attr-defined]
         handle = open(log_path, "ab")  # noqa: SIM115 - closed by _Agents.close
         agents.logs.append(handle)
+        agents.hosts.append(command.host)  # type: ignore[attr-defined]
+        agents.log_paths.append(log_path)
         remote = bool(getattr(command, "remote", False))
         try:
             proc = subprocess.Popen(
@@ -220,10 +248,10 @@ def run_commands(
             if leftovers:
                 notes.append(f"{len(leftovers)} process(es) outlived their agent and were killed")
         if stopped_early or find_job_pids(spec.job_id):
-            survivors = _stop_everything(spec, agents.procs, reap_commands, dump_stacks=stopped_early)
+            survivors = _stop_everything(spec, agents, reap_commands, dump_stacks=stopped_early)
     except BaseException:
         # Ctrl-C, or SIGTERM turned into it (sigterm.py): the stacks say where the job was.
-        _stop_everything(spec, agents.procs, reap_commands, dump_stacks=True)
+        _stop_everything(spec, agents, reap_commands, dump_stacks=True)
         raise
     finally:
         agents.close()
@@ -243,29 +271,45 @@ def run_commands(
 
 def _stop_everything(
     spec: LaunchSpec,
-    procs: Sequence[subprocess.Popen | None],
+    agents: _Agents,
     reap_commands: Sequence[object],
     *,
     dump_stacks: bool,
 ) -> list[int]:
-    groups = [p.pid for p in procs if p is not None and p.poll() is None]
-    reapers = []
+    """Kill the job here and, through ``reap_commands``, on its remote nodes; the survivors here.
+
+    The remote reapers run while the local kill does. Each gets `REAPER_WAIT_S` to finish,
+    except a reaper for a node whose launch never answered (`_Agents.silent_hosts`): the kill
+    sent there would hang as the launch did, and nothing of the job runs there to kill, so it
+    gets `SILENT_REAPER_WAIT_S` (a bad node then costs its job's deadline, not that + 15 s). A
+    node that answered late is still covered: its guard ends the job once the local agent,
+    and with it the stdin pipe, is gone.
+    """
+    groups = [p.pid for p in agents.procs if p is not None and p.poll() is None]
+    reapers: list[tuple[object, subprocess.Popen]] = []
+    started = time.monotonic()
     for command in reap_commands:  # remote nodes: the same kill, run there
         with contextlib.suppress(OSError):
             reapers.append(
-                subprocess.Popen(
-                    list(command.argv),  # type: ignore[attr-defined]
-                    env={**os.environ, **command.env},  # type: ignore[attr-defined]
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    start_new_session=True,
+                (
+                    command,
+                    subprocess.Popen(
+                        list(command.argv),  # type: ignore[attr-defined]
+                        env={**os.environ, **command.env},  # type: ignore[attr-defined]
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        start_new_session=True,
+                    ),
                 )
             )
     survivors = terminate_job(spec.job_id, dump_stacks=dump_stacks, groups=groups)
-    for reaper in reapers:
+    silent = agents.silent_hosts()  # the local agents are dead: their logs are final
+    for command, reaper in reapers:
+        cut = bool(getattr(command, "remote", False)) and command.host in silent  # type: ignore[attr-defined]
+        end = started + (SILENT_REAPER_WAIT_S if cut else REAPER_WAIT_S)
         try:
-            reaper.wait(timeout=15)
+            reaper.wait(timeout=max(end - time.monotonic(), 0.0))
         except subprocess.TimeoutExpired:
             reaper.kill()
             reaper.wait()

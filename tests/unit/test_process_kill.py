@@ -8,7 +8,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from pytest_gpucluster.launch import reaper
+from pytest_gpucluster.launch import process, reaper
 from pytest_gpucluster.launch.process import LaunchSpec, run_commands
 from pytest_gpucluster.launch.reaper import find_job_pids
 
@@ -105,3 +105,36 @@ def test_proc_readers_take_the_state_after_the_last_parenthesis(tmp_path):
     assert reaper.proc_pids(proc) == [7, 8]
     assert [reaper.is_zombie(pid, proc) for pid in (7, 8, 9)] == [False, True, True]  # 9: gone
     assert reaper.process_start_ticks(7, proc) == 4242 and reaper.process_start_ticks(9, proc) is None
+
+
+@dataclass(frozen=True)
+class RemoteCmd(Cmd):
+    remote: bool = True
+
+
+def test_a_host_that_never_answered_costs_its_deadline_not_the_reaper_wait(tmp_path):
+    """One host answers (its agent logs a line, as the far-side guard does at once), the other never
+    does (its log stays empty, as ssh to a dead host): the job ends at its deadline plus the
+    answered host's reaper, not plus the 15 s a reaper for the dead host would hang for; the
+    answered host's reaper still runs to its end, and nothing of the job is left."""
+    job = spec(tmp_path, timeout_s=2.0)
+    good_log = (
+        "import sys, time; print('gpucluster guard on good: agent started', flush=True); time.sleep(120)"
+    )
+    commands = [
+        Cmd("good", (sys.executable, "-c", good_log)),
+        Cmd("bad", (sys.executable, "-c", "import time; time.sleep(120)")),
+    ]
+    # The answered host's reaper outlasts the silent host's short wait: it is waited for all the same.
+    slow = process.SILENT_REAPER_WAIT_S + 2.0
+    reaped = tmp_path / "good-reaped"
+    reap = [
+        RemoteCmd("good", (sys.executable, "-c", f"import time, pathlib; time.sleep({slow}); pathlib.Path({str(reaped)!r}).touch()")),
+        RemoteCmd("bad", (sys.executable, "-c", "import time; time.sleep(120)")),
+    ]  # fmt: skip
+    outcome = run_commands(job, commands, reap_commands=reap)
+    assert outcome.timed_out
+    assert reaped.is_file(), "the reaper of the host that answered was not waited for"
+    # Before: deadline + that reaper + 15 s for the silent host's; now the silent one gets 2 s at most.
+    assert outcome.duration_s < job.timeout_s + slow + process.REAPER_WAIT_S - 5.0, outcome.duration_s
+    assert outcome.survivors == () and find_job_pids(job.job_id) == []
