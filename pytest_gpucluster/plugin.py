@@ -453,7 +453,8 @@ def _fail_closed(gc: GpuClusterSession) -> bool:
         return False  # a dry run launches nothing: it plans, and judges no threshold
     model = gc.profile.model
     soak = bool(gc.settings.soak) or bool(gc.tier is not None and gc.tier.soak_s)
-    inventory = Inventory.of(model, gc.node_facts, soak=soak)
+    # set-aside nodes are named once by their own finding (session/set_aside.py), not NOT MEASURED again
+    inventory = Inventory.of(model, gc.usable_facts, soak=soak)
     found = coverage(model, gc.recorder.measurements, gc.recorder.outcomes, inventory)
     gc.recorder.header["thresholds"] = found.to_json()
     if not found.checks:

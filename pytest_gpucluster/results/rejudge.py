@@ -70,9 +70,10 @@ def rejudge(run: RunResults) -> Rejudged:
         model, source = profile_of_run(run)
     except GpuClusterError as exc:
         return Rejudged(run, None, f"not re-judged: {exc}")
-    facts = (
-        ClusterFacts.from_json({"nodes": list(run.nodes), "source": "results.json"}) if run.nodes else None
-    )
+    # a node the session set aside is named by its own finding, not NOT MEASURED again (as in the run)
+    aside = {str(s.get("host", "")).split(".")[0] for s in (run.nodes_used or {}).get("set_aside") or ()}
+    nodes = [n for n in run.nodes if str(n.get("host", "")).split(".")[0] not in aside]
+    facts = ClusterFacts.from_json({"nodes": nodes, "source": "results.json"}) if nodes else None
     inventory = Inventory.of(model, facts, soak=_soak_on(run, run.settings))
     kept = tuple(m for m in run.measurements if m.test_id != FAIL_CLOSED_TEST_ID)
     outcomes = tuple(o for o in run.outcomes if o.test_id != FAIL_CLOSED_TEST_ID)

@@ -127,7 +127,7 @@ def session_plan(items: list[Any], session: GpuClusterSession) -> tuple[SessionP
         startup = expected_startup_s(1, session.backend)
         deadline, estimate = session.probe_deadline, PROBE_EXPECTED_WORK_S + startup
         why = (
-            f"one job per node, all at once; each job's timeout {seconds(deadline)} (the rendezvous deadline of "
+            f"job timeout {seconds(deadline)} each, one job per node, all at once (the rendezvous deadline of "
             f"1 node + {PROBE_WORK_S:g} s of probe work; estimated run {seconds(estimate)}, from "
             f"{PROBE_EXPECTED_WORK_S:g} s of work + {startup:g} s expected start-up)"
         )

@@ -170,9 +170,13 @@ def test_same_rate_passes_and_a_30_percent_cut_fails_naming_busbw_and_size(two_n
         assert again.exit_code == 0, f"a healthy run failed the gate:\n{again.output}"
         stored = assert_compare_agrees(first, again)
         gated = _gated(stored)
-        # the check at 4 MiB and both curve summaries were gated, and none regressed
-        assert len(gated) == 3 and set(gated.values()) <= {"ok", "improved"}, gated
-        assert "no regression in 3 gated measurement(s)" in again.output
+        # the check at 4 MiB and both curve summaries were compared, and none regressed; a curve
+        # summary whose repeats spread past the 10% tolerance on a loaded machine is "not gateable"
+        # (results/gate.py), never a regression; the 4 MiB check, the one the cut must fail, is gated
+        assert len(gated) == 3 and set(gated.values()) <= {"ok", "improved", "not gateable"}, gated
+        at_size = [s for s, v in gated.items() if f"size_bytes={SIZE}" in s]
+        assert at_size and all(gated[s] in ("ok", "improved") for s in at_size), gated
+        assert re.search(r"no regression in [123] gated measurement\(s\)", again.output), again.output
 
     two_nodes.set_rate(int(RATE * CUT))
     slow = two_nodes.run("cut", baseline=first)
