@@ -86,9 +86,13 @@ def test_four_h200_nodes_with_one_at_seven_gpus_run_on_the_three_others(tmp_path
     assert launched and set(launched) == {(3, 8)}, data.get("jobs")
     hosts = {json.loads(p.read_text()).get("host") for p in (results / "jobs").glob("burnin-*/rank-*.json")}
     assert hosts and short not in hosts and hosts <= set(healthy), hosts
-    # The short node's inventory failure and its finding name it alone.
+    # The short node's inventory failure and its finding name it with its action. The healthy
+    # nodes' 24 ranks share this machine's 2 cores for the CPU health job, so under CI's load one
+    # may miss a speed floor or its deadline (a threshold or "workload failed" finding, seen once
+    # under -n 2): never a hardware finding, which only the short node earns here.
     assert data["signoff"]["fit"] is False and short in data["signoff"]["why"]
-    assert not any(h in data["signoff"]["why"] for h in healthy), data["signoff"]
+    hardware = {f.get("host") for f in data.get("findings", []) if f.get("reason") == "hardware"}
+    assert hardware == {short}, data.get("findings")
 
 
 def test_a_node_whose_cuda_sees_two_gpus_is_named_with_what_cuda_can_use(tmp_path):
