@@ -267,8 +267,8 @@ def counter_increases(
 ) -> list[Suspect]:
     """Every GPU whose uncorrectable ECC / retired-page / uncorrectable remapped-row counter grew
     between the two readings, or whose row remap is pending or failed after it, and every new XID
-    event of a reset/reboot/RMA class or not in the table (NVIDIA's catalog, `xid_classes`;
-    matched to its GPU by PCI address), as suspects with that action. Application-class XIDs are
+    event of a suspect class (reset, reboot, drain) or not in the table (NVIDIA's catalog, `xid_classes`;
+    matched to its GPU by PCI address), as suspects with that action. Warning-class XIDs are
     `application_xids`' warnings; corrected errors are `corrected_checks`'."""
     suspects: list[Suspect] = []
     for host, gpu, was, now in _read_twice(before, after):
@@ -293,8 +293,8 @@ def counter_increases(
                     )
                 )  # fmt: skip
     for host, gpu, event, xid_class in _new_xids(before, after):
-        if xid_class is not None and xid_class.application:
-            continue  # the application's doing: `application_xids` warns about it
+        if xid_class is not None and xid_class.warning:
+            continue  # the catalog asks nothing of the GPU: `application_xids` warns about it
         said = event.get("line") or f"reported by NVML for PCI {event.get('pci', '')}"
         if xid_class is None:
             why = f"not in the XID table ({UNKNOWN_ACTION}; look it up in NVIDIA's XID catalog)"
@@ -340,18 +340,27 @@ def _new_xids(
             yield host, str(gpu), event, xid_class
 
 
+_WARNING_CAUSES = {
+    "RESTART_APP": "an application's error, not the GPU's",
+    "WORKFLOW_XID_45": "an aborted application's teardown (Ctrl-C, SIGKILL, a GPU reset), not the GPU's error",
+}
+"""Why a warning-class XID outside a kill window is not the GPU's, by catalog bucket (default: the
+catalog's advice for the bucket)."""
+
+
 def application_xids(
     before: Sequence[Mapping[str, Any]],
     after: Sequence[Mapping[str, Any]],
     kills: Sequence[KillWindow] = (),
 ) -> list[Check]:
-    """A recorded check (no threshold: a warning) per application-class XID of the run (NVIDIA's
-    ``RESTART_APP`` bucket: 13, 31, 43, 45...), naming host and GPU; the GPU is not blamed. One
+    """A recorded check (no threshold: a warning) per warning-class XID of the run (a bucket of NVIDIA's
+    catalog that asks nothing of the GPU, `xid_classes.WARNING_BUCKETS`: 13, 31, 43, 45, 63...),
+    naming host and GPU; the GPU is not blamed. One
     inside the window of a job the suite itself stopped (``kills``, `xid_classes.kill_windows`) is
     attributed to that kill. Its hint is the warning's sentence."""
     out = []
     for host, gpu, event, xid_class in _new_xids(before, after):
-        if xid_class is None or not xid_class.application:
+        if xid_class is None or not xid_class.warning:
             continue
         said = event.get("line") or f"reported by NVML for PCI {event.get('pci', '')}"
         window = kill_window_of(event, host, kills)
@@ -359,11 +368,13 @@ def application_xids(
             f"inside the window of job {window.job}, which the suite stopped (its ranks were killed): "
             "attributed to that kill"
             if window
-            else "an application's error, not the GPU's"
+            else _WARNING_CAUSES.get(
+                xid_class.bucket, f"the catalog asks nothing of the GPU ({xid_class.advice})"
+            )
         )
         sentence = (
             f"XID {event.get('xid')} on {gpu} of {host} ({xid_class.name}; NVIDIA's XID catalog: "
-            f"RESTART_APP) {cause}. Recorded, the GPU is not blamed: {said}"
+            f"{xid_class.bucket}) {cause}. Recorded, the GPU is not blamed: {said}"
         )
         labels = {"host": host, "gpu": gpu, "xid": event.get("xid")}
         if window:
