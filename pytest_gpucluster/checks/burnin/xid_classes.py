@@ -50,6 +50,7 @@ from pytest_gpucluster.checks.burnin.xid_catalog import CATALOG_ROWS, SOURCES, C
 
 __all__ = [
     "BUCKET_ACTIONS",
+    "BUCKET_ADVICE",
     "KILL_GRACE_S",
     "UNKNOWN_ACTION",
     "WARNING_BUCKETS",
@@ -87,7 +88,7 @@ BUCKET_ACTIONS: Mapping[CatalogBucket, Action] = {
 }
 """The project's rung (results/findings.py LADDER) for each catalog bucket (module docstring: why)."""
 
-_ADVICE: Mapping[CatalogBucket, str] = {
+BUCKET_ADVICE: Mapping[CatalogBucket, str] = {
     "RESTART_APP": "restart the application; a GPU reset or reboot is not deemed necessary, the GPU is not blamed",
     "IGNORE": "no action required; the GPU is not blamed (its ECC and remap counters are judged on their own)",
     "RESTART_VM": "restart the VM that owns the GPU; a GPU reset or reboot is not deemed necessary",
@@ -108,6 +109,7 @@ _ADVICE: Mapping[CatalogBucket, str] = {
     "CONTACT_SUPPORT": "drain the node and contact your support organization",
     "UPDATE_SWFW": "update the driver and firmware, then rerun",
 }
+"""What to do about an XID of each catalog bucket (the catalog's "Guidance Classes", and the suite's part)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +136,7 @@ class XidClass:
 
     @property
     def advice(self) -> str:
-        return _ADVICE[self.bucket]
+        return BUCKET_ADVICE[self.bucket]
 
     @property
     def cited(self) -> str:
