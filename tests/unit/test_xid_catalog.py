@@ -19,28 +19,35 @@ from pytest_gpucluster.checks.burnin.xid_classes import (
     XID_CLASSES,
     XidClass,
     classify,
+    classify_event,
 )
+from pytest_gpucluster.checks.burnin.xid_nvlink5 import DECODE_ROWS, decode
 
-EXCERPT = Path(__file__).parents[1] / "data" / "xid_catalog" / "xid_catalog.csv"
+DATA = Path(__file__).parents[1] / "data" / "xid_catalog"
+EXCERPT = DATA / "xid_catalog.csv"
 COLUMNS = ["xid", "mnemonic", "description", "immediate_action", "investigatory_action"]
+DECODE = DATA / "xid_144_150_decode.csv"
+DECODE_COLUMNS = ["xid", "unit", "intrinfo_v1", "intrinfo_v2", "error_status", "immediate_action", "action2",
+                  "investigatory_action", "severity", "hw_sw"]  # fmt: skip
+GB200 = Path(__file__).parents[1] / "data" / "kernel_logs" / "xid_145_149_gb200_pci_domain_gpud1174.log"
 
 
-def _catalog() -> dict[int, dict[str, str]]:
-    """The excerpt's rows by XID; a malformed line is named with its line number."""
-    text = EXCERPT.read_text(encoding="utf-8").splitlines()
+def _rows(path: Path, columns: list[str]) -> list[dict[str, str]]:
+    """The excerpt's rows past its ``#`` credit lines; a malformed line is named with its line number."""
+    text = path.read_text(encoding="utf-8").splitlines()
     body = [(n, line) for n, line in enumerate(text, 1) if not line.startswith("#")]
     reader = csv.reader(line for _, line in body)
     header = next(reader)
-    assert header == COLUMNS, f"{EXCERPT}:{body[0][0]}: header {header}, expected {COLUMNS}"
-    rows: dict[int, dict[str, str]] = {}
+    assert header == columns, f"{path}:{body[0][0]}: header {header}, expected {columns}"
+    rows = []
     for (n, _), cells in zip(body[1:], reader, strict=True):
-        assert len(cells) == len(COLUMNS), f"{EXCERPT}:{n}: {len(cells)} cells, expected {len(COLUMNS)}"
-        row = dict(zip(COLUMNS, cells, strict=True))
-        rows[int(row["xid"])] = row
+        assert len(cells) == len(columns), f"{path}:{n}: {len(cells)} cells, expected {len(columns)}"
+        rows.append(dict(zip(columns, cells, strict=True)))
     return rows
 
 
-CATALOG = _catalog()
+CATALOG = {int(row["xid"]): row for row in _rows(EXCERPT, COLUMNS)}
+DECODE_SHEET = _rows(DECODE, DECODE_COLUMNS)
 
 
 def _norm(text: str) -> str:
@@ -109,9 +116,11 @@ def test_the_table_holds_every_catalog_row_with_a_bucket_except_unused_contact_s
 
 def test_every_catalog_bucket_has_an_action_and_warnings_are_only_buckets_that_spare_the_gpu():
     buckets = {row["immediate_action"] for row in CATALOG.values() if row["immediate_action"]}
-    assert buckets == set(BUCKET_ACTIONS)
+    decoded = {row[c] for row in DECODE_SHEET for c in ("immediate_action", "action2") if row[c]}
+    assert buckets | decoded == set(BUCKET_ACTIONS)
+    assert decoded == {"IGNORE", "RESET_GPU", "XID_154_EVAL"}
     assert {b for b, a in BUCKET_ACTIONS.items() if a == "rerun"} == WARNING_BUCKETS
-    assert {"RESTART_APP", "IGNORE", "RESTART_VM", "WORKFLOW_XID_45"} == WARNING_BUCKETS
+    assert {"RESTART_APP", "IGNORE", "RESTART_VM", "WORKFLOW_XID_45", "XID_154_EVAL"} == WARNING_BUCKETS
     for c in XID_CLASSES.values():
         assert c.warning == (c.action == "rerun"), c
 
@@ -143,3 +152,57 @@ def test_the_excerpt_credits_its_sources():
     assert "components/accelerator/nvidia/xid/catalog_generated.go" in credit
     for cited in SOURCES.values():
         assert "analyzing-xid-catalog.html" in cited and "tests/data/xid_catalog/xid_catalog.csv" in cited
+
+
+def test_the_nvlink5_decode_rows_are_the_catalogs_decode_sheet():
+    """xid_nvlink5.DECODE_ROWS against the saved "XID 144-150 Decode" excerpt, field by field."""
+    assert [
+        (
+            int(r["xid"]),
+            r["unit"],
+            r["intrinfo_v1"],
+            r["intrinfo_v2"],
+            int(r["error_status"], 16),
+            r["immediate_action"],
+        )
+        for r in DECODE_SHEET
+    ] == list(DECODE_ROWS)
+    assert len(DECODE_ROWS) == 94 and all(len(v1) == len(v2) == 32 for _, _, v1, v2, _, _ in DECODE_ROWS)
+
+
+@pytest.mark.parametrize(
+    ("line", "xid", "bucket", "action"),
+    [(0, 149, "RESET_GPU", "reset GPU"), (1, 149, "RESET_GPU", "reset GPU"), (2, 145, "IGNORE", "rerun")],
+)  # fmt: skip
+def test_real_gb200_nvlink5_lines_decode_on_the_catalogs_sheet(line, xid, bucket, action):
+    """A recorded GB200 log (leptonai/gpud#1174, tests/data/kernel_logs/SOURCES.md), decoded by hand on the
+    sheet: 149 ``NETIR`` intrInfo 0x000fe406 is NETIR/NETIR_INT (V1 mask ...0000000110), RESET_GPU;
+    149 ``NETIR_LINK_EVT`` 0x025001c6 has bits 25-20 100101, RESET_GPU (INVESTIGATE_PEER_DEVICE);
+    145 ``RLW_RXPIPE`` 0x0409a0c2 with errorStatus 0x00000008 is the non-fatal row, IGNORE."""
+    text = GB200.read_text(encoding="utf-8").splitlines()[line]
+    found = classify_event(xid, text)
+    assert found is not None and (found.bucket, found.action) == (bucket, action)
+    assert found.decoded.startswith("decoded ") and bucket in found.decoded
+
+
+def test_an_nvlink5_line_the_sheet_cannot_decide_stays_fail_closed():
+    """No registers (an NVML event), a unit the sheet does not hold for this XID, an errorStatus no row
+    has, the action-2 intrInfo mask of a promoted RLW_RXPIPE error: the catalog's WORKFLOW_NVLINK5_ERR,
+    judged as the sheet's fatal decodes (reset GPU)."""
+    line = "NVRM: Xid (PCI:0018:01:00): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 0x00000008 0x0)"
+    assert decode(145, line) is not None
+    for xid, text in [
+        (145, None),
+        (145, line.replace("RLW_RXPIPE", "SAW_MVB")),
+        (145, line.replace("0x00000008", "0x00000040")),
+        (145, line.replace("0x0409a0c2 0x00000008", "0x0409a4c2 0x00000001")),  # bit 10 set: action 2
+        (144, line),
+    ]:
+        found = classify_event(xid, text)
+        assert found is not None and (found.bucket, found.action, found.decoded) == (
+            "WORKFLOW_NVLINK5_ERR",
+            "reset GPU",
+            "",
+        ), (xid, text)
+    # the same line with the action-1 mask and errorStatus 0x1 is the sheet's IGNORE row
+    assert decode(145, line.replace("0x00000008", "0x00000001")).bucket == "IGNORE"  # type: ignore[union-attr]

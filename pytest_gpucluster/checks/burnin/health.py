@@ -28,7 +28,7 @@ from pytest_gpucluster.checks.burnin.xid_classes import (
     UNKNOWN_ACTION,
     KillWindow,
     XidClass,
-    classify,
+    classify_event,
     kill_window_of,
 )
 from pytest_gpucluster.profiles.schema import BurninSection
@@ -300,7 +300,8 @@ def counter_increases(
             why = f"not in the XID table ({UNKNOWN_ACTION}; look it up in NVIDIA's XID catalog)"
             action: str = UNKNOWN_ACTION
         else:
-            why = f"{xid_class.name}; NVIDIA's XID catalog: {xid_class.bucket}: {xid_class.advice}"
+            decoded = f", {xid_class.decoded}" if xid_class.decoded else ""
+            why = f"{xid_class.name}{decoded}; NVIDIA's XID catalog: {xid_class.bucket}: {xid_class.advice}"
             action = xid_class.action
         suspects.append(
             Suspect(
@@ -318,7 +319,7 @@ def _new_xids(
 ) -> Iterator[tuple[str, str, Mapping[str, Any], XidClass | None]]:
     """``(host, gpu, event, class)`` for each XID event of the run: in the after-reading's log and
     not in the before-reading's, or heard by the session's NVML listener; matched to its GPU by PCI
-    address; classed by NVIDIA's catalog (`xid_classes.classify`; None: not in the table)."""
+    address; classed by NVIDIA's catalog (`xid_classes.classify_event`; None: not in the table)."""
     old_xids = _xids(before)
     new_by_host: dict[str, list[Mapping[str, Any]]] = {}
     for host, events in _xids(after).items():
@@ -334,7 +335,7 @@ def _new_xids(
             match = gpu_of.get(_pci_key(pci))
             gpu = (match.get("nvml") or {}).get("gpu") if match else f"the GPU at PCI {pci}"
             try:
-                xid_class = classify(int(event.get("xid")))  # type: ignore[arg-type]
+                xid_class = classify_event(int(event.get("xid")), event.get("line"))  # type: ignore[arg-type]
             except (TypeError, ValueError):
                 xid_class = None
             yield host, str(gpu), event, xid_class
@@ -373,7 +374,8 @@ def application_xids(
             )
         )
         sentence = (
-            f"XID {event.get('xid')} on {gpu} of {host} ({xid_class.name}; NVIDIA's XID catalog: "
+            f"XID {event.get('xid')} on {gpu} of {host} ({xid_class.name}"
+            f"{', ' + xid_class.decoded if xid_class.decoded else ''}; NVIDIA's XID catalog: "
             f"{xid_class.bucket}) {cause}. Recorded, the GPU is not blamed: {said}"
         )
         labels = {"host": host, "gpu": gpu, "xid": event.get("xid")}

@@ -24,10 +24,10 @@ __all__ = ["CATALOG_ROWS", "SOURCES", "CatalogBucket"]
 CatalogBucket = Literal[
     "RESTART_APP", "IGNORE", "RESTART_VM", "WORKFLOW_XID_45", "RESET_GPU", "WORKFLOW_XID_48",
     "WORKFLOW_NVLINK_ERR", "WORKFLOW_NVLINK5_ERR", "CHECK_UVM", "RESTART_BM", "CHECK_MECHANICALS",
-    "XID_154", "UPDATE_SWFW", "CONTACT_SUPPORT",
+    "XID_154", "UPDATE_SWFW", "CONTACT_SUPPORT", "XID_154_EVAL",
 ]  # fmt: skip
 """The catalog's "Resolution Bucket (Immediate Action)" values, as written (its "Guidance Classes" sheet
-says what each asks for)."""
+says what each asks for); ``XID_154_EVAL`` only in its "XID 144-150 Decode" sheet."""
 
 SOURCES: Mapping[str, str] = {
     "nvidia-xid-catalog": (
@@ -36,7 +36,8 @@ SOURCES: Mapping[str, str] = {
         "column Resolution Bucket (Immediate Action)); rows as copied in tests/data/xid_catalog/xid_catalog.csv "
         "from leptonai/gpud@4a8de33a3f02e207f39e9023d67125592d599731:"
         "components/accelerator/nvidia/xid/catalog_generated.go (generated from the catalog 2025-10-29), "
-        "cross-checked against the page text and a 2026-09-15 export"
+        "cross-checked against the page text and a 2026-09-15 export; Xid 144-150 decoded on its sheet "
+        "'XID 144-150 Decode', rows as copied in tests/data/xid_catalog/xid_144_150_decode.csv from the same file"
     ),
 }
 """Where a row's bucket comes from, by the key the row cites."""

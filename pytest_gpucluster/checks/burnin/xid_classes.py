@@ -14,14 +14,17 @@ as written (:attr:`XidClass.bucket`); :data:`BUCKET_ACTIONS` says what the suite
 
 - a warning, recorded and never a suspect, where the catalog asks nothing of the GPU:
   ``RESTART_APP`` (restart the application), ``IGNORE`` (no action required), ``RESTART_VM`` (restart
-  the VM; "RESET_GPU or RESTART_BM is not deemed necessary"), and ``WORKFLOW_XID_45`` (with another
+  the VM; "RESET_GPU or RESTART_BM is not deemed necessary"), ``XID_154_EVAL`` (a decoded NVLink5
+  line: with an Xid 154, take its action, which is judged on its own; without, RESTART_APP) and
+  ``WORKFLOW_XID_45`` (with another
   XID: follow that one, which is judged on its own; its trigger conditions: "Control-C, GPU resets,
   sigkill are all examples where the application is aborted and this event is created");
 - a suspect with the action "reset GPU" for ``RESET_GPU``, ``WORKFLOW_XID_48`` (solo: RESET_GPU),
   ``WORKFLOW_NVLINK_ERR`` ("A GPU reset or node reboot is needed to clear this error"),
-  ``WORKFLOW_NVLINK5_ERR`` (the catalog decodes the line's registers; its fatal decodes are
-  RESET_GPU, and this table does not decode, so it takes the fatal one) and ``CHECK_UVM`` (RESET_GPU
-  where UVM is in use, as CUDA applications do);
+  ``WORKFLOW_NVLINK5_ERR`` (Xid 144-150: the line's registers decoded on the catalog's "XID 144-150
+  Decode" sheet, `xid_nvlink5`, give the bucket; a line it cannot decode keeps this one, judged as
+  the sheet's fatal decodes are, RESET_GPU) and ``CHECK_UVM`` (RESET_GPU where UVM is in use, as
+  CUDA applications do);
 - a suspect with "drain node" for ``RESTART_BM`` (reboot the node), ``CHECK_MECHANICALS`` (check the
   GPU's seating and connections), ``XID_154`` (the line itself names the recovery action) and
   ``CONTACT_SUPPORT``; "fix node setup" for ``UPDATE_SWFW``.
@@ -40,6 +43,7 @@ Pure: no torch, no pytest, no I/O.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -47,6 +51,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from pytest_gpucluster.checks.burnin.xid_catalog import CATALOG_ROWS, SOURCES, CatalogBucket
+from pytest_gpucluster.checks.burnin.xid_nvlink5 import decode
 
 __all__ = [
     "BUCKET_ACTIONS",
@@ -58,6 +63,7 @@ __all__ = [
     "KillWindow",
     "XidClass",
     "classify",
+    "classify_event",
     "event_time",
     "kill_window_of",
     "kill_windows",
@@ -66,7 +72,7 @@ __all__ = [
 Action = Literal["rerun", "fix node setup", "drain node", "reset GPU", "RMA"]
 
 WARNING_BUCKETS: frozenset[CatalogBucket] = frozenset(
-    {"RESTART_APP", "IGNORE", "RESTART_VM", "WORKFLOW_XID_45"}
+    {"RESTART_APP", "IGNORE", "RESTART_VM", "WORKFLOW_XID_45", "XID_154_EVAL"}
 )
 """The catalog's buckets that ask nothing of the GPU: an XID in one is recorded as a warning."""
 
@@ -75,6 +81,7 @@ BUCKET_ACTIONS: Mapping[CatalogBucket, Action] = {
     "IGNORE": "rerun",
     "RESTART_VM": "rerun",
     "WORKFLOW_XID_45": "rerun",
+    "XID_154_EVAL": "rerun",
     "RESET_GPU": "reset GPU",
     "WORKFLOW_XID_48": "reset GPU",
     "WORKFLOW_NVLINK_ERR": "reset GPU",
@@ -94,13 +101,15 @@ BUCKET_ADVICE: Mapping[CatalogBucket, str] = {
     "RESTART_VM": "restart the VM that owns the GPU; a GPU reset or reboot is not deemed necessary",
     "WORKFLOW_XID_45": "with another XID follow that one; a killed or aborted application logs it, the GPU is "
     "not blamed (solo and unexplained, the catalog says restart the fabric manager)",
+    "XID_154_EVAL": "with an Xid 154 beside it take the action that one names (it is judged on its own); "
+    "without, restart the application",
     "RESET_GPU": "drain the node and reset the GPU (nvidia-smi -r), then rerun its burn-in",
     "WORKFLOW_XID_48": "drain the node and reset the GPU (with Xid 63/64: drain and reset); run the field "
     "diagnostics if it comes back",
     "WORKFLOW_NVLINK_ERR": "drain the node and reset the GPU (or reboot the node) to clear the NVLink error; "
     "contact the vendor if it comes back",
-    "WORKFLOW_NVLINK5_ERR": "drain the node and reset the GPU; decode the line on the catalog's 'Xid 144-150 "
-    "Decode' sheet: a non-fatal decode needs no reset",
+    "WORKFLOW_NVLINK5_ERR": "drain the node and reset the GPU: the line did not decode on the catalog's 'XID "
+    "144-150 Decode' sheet, so it is judged as the sheet's fatal decodes are",
     "CHECK_UVM": "drain the node and reset the GPU where UVM or vGPU is in use (CUDA applications use UVM)",
     "RESTART_BM": "drain the node and reboot it; contact support if it comes back",
     "CHECK_MECHANICALS": "drain the node and check that the GPU is seated and its power connected",
@@ -123,6 +132,9 @@ class XidClass:
     """The catalog's "Resolution Bucket (Immediate Action)", as written."""
     source: str
     """Where the bucket comes from: a key of ``xid_catalog.SOURCES``."""
+    decoded: str = ""
+    """For an NVLink5 XID whose line was decoded (`xid_nvlink5`): what the decode read; the bucket is
+    then the decode sheet's."""
 
     @property
     def warning(self) -> bool:
@@ -158,6 +170,19 @@ UNKNOWN_ACTION: Action = "drain node"
 def classify(xid: int) -> XidClass | None:
     """The catalog class of ``xid``, or None for a code this table does not hold (a suspect)."""
     return XID_CLASSES.get(xid)
+
+
+def classify_event(xid: int, line: str | None) -> XidClass | None:
+    """:func:`classify`, with an NVLink5 XID (``WORKFLOW_NVLINK5_ERR``) whose log line decodes on the
+    catalog's "XID 144-150 Decode" sheet given that sheet's bucket."""
+    found = classify(xid)
+    if found is None or found.bucket != "WORKFLOW_NVLINK5_ERR":
+        return found
+    decoded = decode(xid, line or "")
+    if decoded is None or decoded.bucket not in BUCKET_ACTIONS:
+        return found
+    bucket: CatalogBucket = decoded.bucket  # type: ignore[assignment]
+    return dataclasses.replace(found, bucket=bucket, decoded=str(decoded))
 
 
 # ----------------------------------------------------------------------------------- kills
