@@ -8,7 +8,9 @@ the command an operator would run::
 
 The commands are argv lists, never shell strings (a reason may hold any character), and they are
 run only when the user asked for it (``--gpucluster-drain``): the caller decides, this module
-only builds and, on request, executes them. A link suspect (a pair that is slow while each of
+only builds and, on request, executes them. Until the run is judged the commands are the
+suspects' own (provisional); once its findings are written (`write_findings`), they are the
+findings' alone (`judged_drain_commands`): a suspect whose finding says ``rerun`` is not drained. A link suspect (a pair that is slow while each of
 its nodes is fine against others) is listed but never drained: the cable or switch port is the
 suspect, not either node.
 
@@ -41,6 +43,9 @@ __all__ = [
     "drain_argv",
     "drain_commands",
     "drain_listed",
+    "drains",
+    "finding_of",
+    "judged_drain_commands",
     "listed_drain_commands",
     "read_suspects",
     "run_drain",
@@ -233,30 +238,81 @@ def write_suspects(path: Path, suspects: Iterable[Suspect]) -> list[Suspect]:
     return merged
 
 
-def _stored_findings(path: Path) -> list[dict[str, Any]]:
+def _stored_findings(path: Path) -> list[dict[str, Any]] | None:
+    """The run's findings in the drain list; None while the run has not been judged yet."""
     try:
         data = _read_drain_list(path) or {}
     except BurninError:
-        return []
+        return None
     findings = data.get("findings")
-    return list(findings) if isinstance(findings, list) else []
+    return list(findings) if isinstance(findings, list) else None
 
 
-def _write_payload(path: Path, suspects: Sequence[Suspect], findings: Sequence[Mapping[str, Any]]) -> None:
-    commands = drain_commands(suspects)
+def finding_of(suspect: Suspect, findings: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The run's finding that judged ``suspect``: the one of its test (``test_id`` = the suspect's
+    ``source``) on its node (``results/findings.py``, `findings_of`, turns every suspect into a
+    finding of its own or counts it under a failed value of its test that names the same host)."""
+    if suspect.kind == "link":
+        return None
+    for finding in findings:
+        if finding.get("test_id", "") == suspect.source and finding.get("host") == suspect.node:
+            return finding
+    return None
+
+
+def drains(finding: Mapping[str, Any] | None) -> bool:
+    """Whether a finding takes its host out of scheduling: a host, and an action of
+    `DRAINING_ACTIONS`. A ``rerun`` (or ``fix node setup``) finding never drains."""
+    return finding is not None and finding.get("action") in DRAINING_ACTIONS and bool(finding.get("host"))
+
+
+def judged_drain_commands(
+    suspects: Sequence[Suspect], findings: Sequence[Mapping[str, Any]]
+) -> list[list[str]]:
+    """The drain list once the run is judged: one command per host that a finding drains
+    (`drains`), and no other. The run's findings are the one judgement (ARCHITECTURE: the report,
+    results.json and the drain list say the same thing): a suspect whose finding says ``threshold;
+    rerun`` (one of two ranks below a floor, every peer missing alike) stays listed in suspects.json
+    but drains nothing; a host drained carries the reasons of the suspects its draining findings
+    judged, else the finding's metric and action."""
+    kept = [s for s in suspects if s.drainable and drains(finding_of(s, findings))]
+    commands = drain_commands(kept)
     drained = {argv[2] for argv in commands}
     for finding in findings:
         host = finding.get("host")
-        if finding.get("action") in DRAINING_ACTIONS and host and f"NodeName={host}" not in drained:
+        if drains(finding) and f"NodeName={host}" not in drained:
             with contextlib.suppress(BurninError):  # not a Slurm node name: listed, never drained
                 commands.append(drain_argv(str(host), f"{finding.get('metric')}: {finding.get('action')}"))
                 drained.add(f"NodeName={host}")
-    payload: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "suspects": [s.to_json() for s in suspects],
-        "drain_commands": commands,
-    }
-    if findings:
+    return commands
+
+
+def _judged_suspect(suspect: Suspect, findings: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A suspect as the judged drain list shows it: ``drained``, and the finding's reason class and
+    action; the ``drain_command`` only on a suspect that is drained."""
+    out = suspect.to_json()
+    finding = finding_of(suspect, findings)
+    out["drained"] = suspect.drainable and drains(finding)
+    if finding is not None:
+        why = f": {finding['why']}" if finding.get("why") else ""
+        out["judged"] = f"{finding.get('reason')}; {finding.get('action')}{why}"
+    if not out["drained"]:
+        out.pop("drain_command", None)
+    return out
+
+
+def _write_payload(
+    path: Path, suspects: Sequence[Suspect], findings: Sequence[Mapping[str, Any]] | None
+) -> None:
+    """``findings`` None: the run is not judged yet, and the drain commands are the suspects'
+    (provisional: nothing drains before the end of the session). Judged: `judged_drain_commands`."""
+    payload: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
+    if findings is None:
+        payload["suspects"] = [s.to_json() for s in suspects]
+        payload["drain_commands"] = drain_commands(suspects)
+    else:
+        payload["suspects"] = [_judged_suspect(s, findings) for s in suspects]
+        payload["drain_commands"] = judged_drain_commands(suspects, findings)
         payload["findings"] = [dict(f) for f in findings]
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(payload, indent=1, default=str), encoding="utf-8")
@@ -277,9 +333,10 @@ def clear_suspects(path: Path, cleared: Iterable[str]) -> list[Suspect]:
 
 def write_findings(path: Path, findings: Sequence[Mapping[str, Any]]) -> None:
     """Put a run's findings (``Finding.to_json``: reason class and next action each) in the drain
-    list beside its suspects, and a drain command for each host whose action needs it drained (a
-    GPU to reset or return, a node, a port of the node): the report, results.json and the drain
-    list say the same thing. The findings replace those of an earlier call."""
+    list beside its suspects, and from then on derive its drain commands from them alone
+    (`judged_drain_commands`): a command for each host whose action needs it drained (a GPU to
+    reset or return, a node, a port of the node), none for a suspect judged ``rerun``. The report,
+    results.json and the drain list say the same thing. The findings replace those of an earlier call."""
     with _locked(path):
         _write_payload(path, read_suspects(path), findings)
 
@@ -338,19 +395,20 @@ class SuspectLog:
         write_suspects(self.path, named)
 
     def finish(self, write: Callable[[str], None]) -> None:
-        """Say who is suspect and how to drain them. The drain itself waits for the end of the
-        session (`drain_listed`), when the run's findings have added their hosts to the list."""
+        """Say who is suspect. Which of them are drained waits for the end of the session, when the
+        run's findings judge them (`judged_drain_commands`; `drain_listed` runs the commands)."""
         if not self.found:
             write(f"burn-in: no suspect node ({self.path})")
             return
         write(f"burn-in: {len(self.found)} suspect(s), written to {self.path}:")
         for suspect in self.found:
             write(f"  {suspect.line()}")
-        commands = drain_commands(self.found)
-        if commands:
-            write("burn-in: to drain them (run at the end of the session by --gpucluster-drain):")
-            for argv in commands:
-                write(f"  {shell_line(argv)}")
+        if any(s.drainable for s in self.found):
+            write(
+                "burn-in: the run's findings decide at the end of the session which hosts are drained "
+                f"(a finding whose action is rerun drains nothing): the drain_commands of {self.path} "
+                "(run by --gpucluster-drain)"
+            )
 
 
 def listed_drain_commands(path: Path) -> list[list[str]]:

@@ -3,8 +3,11 @@
 One run of acceptance/test_burnin.py under a strict profile (an impossible CPU matmul floor) with
 ``--gpucluster-drain`` and a stand-in ``scontrol`` on PATH that records its arguments: the per-rank
 CPU checks run on both ranks and fail, naming rank and host; the injected straggler is named with
-its rank and host; suspects.json holds the failing node; and the drain command reaches scontrol as
-one argv, never through a shell.
+its rank and host; suspects.json holds the failing node. Every rank misses the floor alike, so the
+run's findings call it ``threshold; rerun`` (the profile's number, not a node), and the drain list
+follows the findings (ARCHITECTURE: one judgement): the suspects stay listed, nothing is drained,
+scontrol is never called. (A drain command reaching scontrol as one argv: tests/unit/test_drain.py;
+a suspect that drains: tests/unit/test_drain_judged.py.)
 """
 
 from __future__ import annotations
@@ -46,7 +49,9 @@ echo "pretend-drained"
 """
 
 
-def test_burnin_run_checks_each_rank_names_the_injected_straggler_and_drains(tmp_path: Path) -> None:
+def test_burnin_run_checks_each_rank_names_the_injected_straggler_and_drains_what_its_findings_drain(
+    tmp_path: Path,
+) -> None:
     thresholds = tmp_path / "thresholds"
     thresholds.mkdir()
     (thresholds / "cpu-burnin-strict.yaml").write_text(STRICT)
@@ -98,14 +103,15 @@ def test_burnin_run_checks_each_rank_names_the_injected_straggler_and_drains(tmp
     ]
     assert all(s["evidence"]["metric"] == "burnin.cpu_matmul" for s in suspects)
 
-    # One drain command per node, run with --gpucluster-drain, each argument intact.
-    calls = [c.strip("\n").split("\n") for c in log.read_text().split("--\n") if c.strip()]
-    assert len(calls) == 1, calls
-    call = calls[0]
-    assert call[:4] == ["update", f"NodeName={host}", "State=DRAIN", call[3]]
-    assert call[3].startswith(f"Reason=gpucluster burn-in: rank 0 on {host}: CPU float32 matmul")
-    assert call[3].endswith("(+1 more in suspects.json)")
-    # ... at the end of the session, once, by the controller (with the findings' hosts, here the same)
-    assert "burn-in: to drain them (run at the end of the session by --gpucluster-drain):" in out
-    assert "drain (--gpucluster-drain): 1 host(s) from " in out
-    assert f"done: scontrol update NodeName={host} State=DRAIN" in out
+    # The findings judge the misses: every rank alike is the threshold's, so the drain list drains nothing.
+    data = json.loads((results / "results.json").read_text())
+    matmul = [f for f in data["findings"] if f["metric"] == "burnin.cpu_matmul"]
+    assert matmul and {(f["host"], f["reason"], f["action"]) for f in matmul} == {
+        (host, "threshold", "rerun")
+    }
+    drain = json.loads((results / "suspects.json").read_text())
+    assert drain["drain_commands"] == [] and not any(s["drained"] for s in drain["suspects"])
+    assert all(s["judged"].startswith("threshold; rerun") for s in drain["suspects"])
+    assert "burn-in: the run's findings decide at the end of the session which hosts are drained" in out
+    assert "drain (--gpucluster-drain): no host to drain" in out
+    assert not log.exists() or not log.read_text().strip(), log.read_text()
