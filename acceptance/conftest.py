@@ -7,7 +7,10 @@ test's suspects to it and records its checks. Two rules for them concern the who
 - The ECC/XID counters and the fabric ports are read first and last: ``test_counters_before`` and
   ``test_fabric_before`` are moved to the front of the run, ``test_counters_after`` and
   ``test_fabric_after`` to its end, so that together they bracket every other test (the soak
-  included). (Under pytest-xdist each worker brackets only its own share of the tests.)
+  included). (Under pytest-xdist each worker brackets only its own share of the tests.) A before
+  test hands its reading to the later tests through the results directory (the ``handoff``
+  fixture, ``session/handoff.py``), never pytest's stash, which one process alone sees: the
+  fabric before-scan reaches test_pairwise_localization in whichever worker each runs.
 - The slow burn-in parts, marked ``@pytest.mark.burnin(slow=True)`` (the pairwise localization,
   about n/2 + 2 jobs), run only when ``-m`` names burnin: ``pytest acceptance/ -m burnin``. A plain
   ``pytest acceptance/`` deselects them and says so in the header (the plugin does, with the
@@ -40,9 +43,11 @@ def _cuda_profile(config: pytest.Config) -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Under ``pytest -n N`` (pytest-xdist's ``--dist load``), distribute by ``loadgroup``: the same
-    as ``load`` except that the tests of one ``xdist_group`` run in one worker, so each before/after
-    pair (counters, fabric ports) reads its two readings in one process. Split, the after test would
-    fail NOT MEASURED (its before-reading is in another process): never a silent skip."""
+    as ``load`` except that the tests of one ``xdist_group`` run in one worker, in order, so each
+    before/after pair (counters; fabric ports with the pairwise burn-in) runs its before test
+    first. The readings go through the results directory, so a split pair still joins (the later
+    test waits for a selected before test's record); a before test not in the run, or one that
+    failed, makes the later one fail NOT MEASURED saying why: never a silent skip."""
     # the mark is pytest-xdist's; declared here too, for runs without xdist (-p no:xdist)
     config.addinivalue_line("markers", "xdist_group(name): run the tests of one group in one xdist worker")
     workerinput = getattr(config, "workerinput", None)

@@ -38,24 +38,27 @@ from pytest_gpucluster.burnin.pairwise import localize
 from pytest_gpucluster.burnin.runner import ClusterPairRunner
 from pytest_gpucluster.burnin.stragglers import Sample, find_stragglers, sweep_samples, worst_per_host
 from pytest_gpucluster.checks.burnin import health, peers
-from pytest_gpucluster.checks.burnin.fabric_path import fabric_path
+from pytest_gpucluster.checks.burnin.fabric_path import fabric_join
 from pytest_gpucluster.checks.burnin.lost import lost_check, lost_gpus
 from pytest_gpucluster.checks.burnin.xid_classes import kill_windows
 from pytest_gpucluster.checks.ceilings import broken_above, memory_ceiling
-from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning
-from pytest_gpucluster.fixtures import FABRIC_MODEL, job_part, run_with_deadline
+from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning, ParseError
+from pytest_gpucluster.fabric_scan import model_of_record
+from pytest_gpucluster.fixtures import FABRIC_SCAN_BEFORE, job_part, run_with_deadline
 from pytest_gpucluster.harness import Part, PartRun
 from pytest_gpucluster.inputs import read_texts
 from pytest_gpucluster.launch.xid_step import hold_listener
 from pytest_gpucluster.parsers.nccl_log import parse_nccl_log
 from pytest_gpucluster.plans import burnin as plans
-from pytest_gpucluster.plans.burnin_deadlines import counters_deadline, pair_deadline
+from pytest_gpucluster.plans.burnin_deadlines import counters_deadline, fabric_deadline, pair_deadline
 from pytest_gpucluster.session import GpuClusterSession
+from pytest_gpucluster.session.handoff import Absent, Handoff
 from pytest_gpucluster.session.plan import launches
 
 pytestmark = pytest.mark.burnin
-COUNTERS_BEFORE = pytest.StashKey[list[dict[str, Any]]]()
-"""test_counters_before's reading, for test_counters_after (same process: same xdist worker)."""
+COUNTERS_BEFORE = "counters-before"
+"""test_counters_before's reading, handed to test_counters_after through the results directory (the
+``handoff`` fixture: any process of the run can read it)."""
 LAG = "time outside the all_reduce per iteration"
 
 
@@ -225,32 +228,30 @@ def _counters_plan(when: str) -> Any:
 @pytest.mark.quick
 @pytest.mark.xdist_group("gpucluster-counters")  # before and after in one process (the plugin: loadgroup)
 @launches(_counters_plan("before"))
-def test_counters_before(cluster: Any, gpucluster_session: Any, hw: Any, request: Any) -> None:
+def test_counters_before(cluster: Any, gpucluster_session: Any, hw: Any, request: Any, handoff: Any) -> None:
     """ECC, retired-page, remapped-row counters and XID events before the run (conftest runs this first)."""
-    request.config.stash[COUNTERS_BEFORE] = _counters(
-        cluster, gpucluster_session, hw, "before", request.config
-    )
+    with handoff.giving(COUNTERS_BEFORE) as give:
+        give(_counters(cluster, gpucluster_session, hw, "before", request.config))
 
 
 @pytest.mark.quick
 @pytest.mark.xdist_group("gpucluster-counters")
 @launches(_counters_plan("after"))
-def test_counters_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any, request: Any) -> None:
+def test_counters_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any, handoff: Any) -> None:
     """The same counters after the run (conftest runs this last): uncorrectable ECC errors, retired
     pages and uncorrectable remapped rows that grew, a pending or failed row remap, and new XIDs
     fail, naming the GPU; corrected errors are recorded (gated as a rate where the profile says)."""
-    before = request.config.stash.get(COUNTERS_BEFORE, None)
+    nodes = gpucluster_session.available_nodes
+    got = handoff.receive(
+        COUNTERS_BEFORE, "test_counters_before", counters_deadline(nodes, gpucluster_session.settings).seconds
+    )
+    before = got.value if isinstance(got, Handoff) else None
     after = _counters(
         cluster, gpucluster_session, hw, "after", read_before=before is not None
     )  # dry run: stops
-    if before is None and hw.cluster.device == "cuda":
+    if isinstance(got, Absent) and hw.cluster.device == "cuda":
         # not a skip: a skip here would excuse the counters of a cluster that has them (fail closed)
-        pytest.fail(
-            "NOT MEASURED: no before-reading of the ECC/XID counters in this process (test_counters_before "
-            "did not run here: deselected, or on another pytest-xdist worker; the plugin groups the two "
-            "with --dist loadgroup, so pass -n with --dist load/loadgroup, not --dist each/worksteal)",
-            pytrace=False,
-        )
+        pytest.fail(f"NOT MEASURED: no before-reading of the ECC/XID counters: {got.why}", pytrace=False)
     lost = lost_gpus(before, after)
     grown = health.counter_increases(before, after)
     corrected = health.corrected_checks(before, after, hw.burnin, hw.name)
@@ -294,9 +295,10 @@ def _pairwise_plan(session: Any, params: Any) -> list[Any]:
 
 @pytest.mark.burnin(slow=True)
 @pytest.mark.gpucluster(needs=["multi-node"])
+@pytest.mark.xdist_group("gpucluster-fabric")  # with test_fabric_before: its model is at hand
 @launches(_pairwise_plan)
 def test_pairwise_localization(
-    cluster: Any, gpucluster_session: Any, hw: Any, health_job: PartRun, judge: Any, request: Any
+    cluster: Any, gpucluster_session: Any, hw: Any, health_job: PartRun, judge: Any, handoff: Any
 ) -> None:
     """Disjoint node pairs, then each node of a failing pair against a known-good node: the slow node
     or link is named in two rounds (about n/2 + 2 pair jobs, not n^2). A node slow on its own in the
@@ -304,7 +306,10 @@ def test_pairwise_localization(
     Where the run's fabric before-scan reached the InfiniBand fabric (acceptance/test_fabric.py),
     slow pairs that all cross one leaf's uplinks, one leaf, one rail or the only spine between their
     leaves are a ``fabric.ib.path`` finding naming that element and what to check, ahead of the
-    nodes, which are then not drained (``checks/burnin/fabric_path.py``)."""
+    nodes, which are then not drained (``checks/burnin/fabric_path.py``). The model comes through
+    the results directory, so the join holds when the two tests run in different pytest-xdist
+    workers; without test_fabric_before in the run, slow pairs are a NOT MEASURED ``fabric.ib.path``
+    saying why (`fabric_join`), never a silent join with nothing."""
     b, write = hw.burnin, gpucluster_session.progress or print
     alone = peers.slow_alone(health.intra_node_samples(health_job.values), b.straggler_tolerance)
     nodes = [n for n in cluster.spec.host_names[: gpucluster_session.available_nodes] if n not in alone]
@@ -318,9 +323,22 @@ def test_pairwise_localization(
     for line in found.lines():
         write(line)
     checks, suspects = peers.pairwise_checks(found, runner.jobs, sorted(alone)), list(found.suspects)
-    model = request.config.stash.get(FABRIC_MODEL, None)
-    path = fabric_path(model, found) if model is not None and not found.ok else None
+    # the before-scan's fabric model, from test_fabric_before in whichever process ran it (the
+    # results directory); its deadline: the fabric job's, then the scan's own (fabric_scan.scan)
+    wait = fabric_deadline(gpucluster_session.available_nodes, gpucluster_session.settings).seconds + 600.0
+    got = handoff.receive(FABRIC_SCAN_BEFORE, "test_fabric_before", wait)
+    try:
+        model, unreachable = model_of_record(got.value) if isinstance(got, Handoff) else (None, None)
+    except ParseError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    missing = got.why if isinstance(got, Absent) else None
+    joined = fabric_join(model, found, unreachable=unreachable, missing=missing)
+    write(joined.line)
+    if missing is not None:  # said in the summary too, whether or not a pair was slow
+        warnings.warn(GpuClusterWarning(joined.line), stacklevel=1)
+    if joined.not_measured is not None:
+        checks = [joined.not_measured, *checks]
+    path = joined.path
     if path is not None and path.is_fabric:  # the element first; its nodes are not drained
-        write(path.line())
         checks, suspects = [path.check, *checks], []
     judge(checks, suspects)

@@ -38,25 +38,24 @@ from pytest_gpucluster.checks import fabric
 from pytest_gpucluster.checks.burnin import dcgm, soak
 from pytest_gpucluster.checks.burnin.xid_classes import kill_windows
 from pytest_gpucluster.errors import GpuClusterError, GpuClusterWarning, ParseError
-from pytest_gpucluster.fabric_scan import suite_checks, suite_reading
-from pytest_gpucluster.fixtures import FABRIC_MODEL, run_with_deadline
+from pytest_gpucluster.fabric_scan import model_of_record, suite_checks, suite_record
+from pytest_gpucluster.fixtures import FABRIC_SCAN_BEFORE, run_with_deadline
 from pytest_gpucluster.parsers.fabric_ports import FabricSnapshot, parse_snapshot
 from pytest_gpucluster.plans import burnin as plans
 from pytest_gpucluster.plans import soak as soak_plan
 from pytest_gpucluster.plans.burnin_deadlines import dcgm_deadline, dcgm_estimate, fabric_deadline
+from pytest_gpucluster.session.handoff import Absent, Handoff
 from pytest_gpucluster.session.plan import launches
 
 pytestmark = pytest.mark.burnin
-FABRIC_BEFORE = pytest.StashKey[list[FabricSnapshot]]()
-"""test_fabric_before's reading, for test_fabric_after (same process: same xdist worker)."""
-IB_FABRIC_BEFORE = FABRIC_MODEL
-"""The fabric-wide scan before the run (`fabric_scan.suite_reading`), where the controller reaches it;
-the pairwise burn-in joins its slow pairs with it (acceptance/test_burnin.py)."""
+FABRIC_BEFORE = "fabric-ports-before"
+"""test_fabric_before's reading (the fabric jobs' per-node values), handed to test_fabric_after
+through the results directory (the ``handoff`` fixture: any process of the run can read it)."""
 
 
-def _read_fabric(cluster: Any, session: Any, when: str) -> list[FabricSnapshot]:
+def _fabric_job(cluster: Any, session: Any, when: str) -> Any:
     nodes = session.available_nodes
-    job = run_with_deadline(
+    return run_with_deadline(
         cluster,
         plans.FABRIC,
         fabric_deadline(nodes, session.settings),
@@ -68,10 +67,11 @@ def _read_fabric(cluster: Any, session: Any, when: str) -> list[FabricSnapshot]:
         init_process_group=False,
         estimate_s=plans.fabric_part(nodes, session.settings, backend=session.backend).estimate_s,
     )
+
+
+def _snapshots(values: list[Any], job: str) -> list[FabricSnapshot]:
     try:
-        return [
-            parse_snapshot(v, f"fabric reading of {v.get('node')} (job {job.job_id})") for v in job.values
-        ]
+        return [parse_snapshot(v, f"fabric reading of {v.get('node')} ({job})") for v in values]
     except ParseError as exc:
         pytest.fail(str(exc), pytrace=False)
 
@@ -94,27 +94,29 @@ def _fabric_plan(when: str) -> Any:
 
 @pytest.mark.xdist_group("gpucluster-fabric")  # before and after in one process (the plugin: loadgroup)
 @launches(_fabric_plan("before"))
-def test_fabric_before(cluster: Any, gpucluster_session: Any, request: Any) -> None:
-    """Every node's ports and interfaces before the run (conftest runs this first)."""
-    request.config.stash[FABRIC_BEFORE] = _read_fabric(cluster, gpucluster_session, "before")
-    request.config.stash[IB_FABRIC_BEFORE] = suite_reading(gpucluster_session.progress or print)
+def test_fabric_before(cluster: Any, gpucluster_session: Any, handoff: Any) -> None:
+    """Every node's ports and interfaces before the run (conftest runs this first); handed to the
+    after test (and the fabric scan to the pairwise burn-in) through the results directory."""
+    with handoff.giving(FABRIC_BEFORE) as give, handoff.giving(FABRIC_SCAN_BEFORE) as give_scan:
+        job = _fabric_job(cluster, gpucluster_session, "before")
+        _snapshots(job.values, f"job {job.job_id}")  # a reading that does not parse fails here, not later
+        give(job.values)
+        give_scan(suite_record(gpucluster_session.progress or print))
 
 
 @pytest.mark.xdist_group("gpucluster-fabric")
 @launches(_fabric_plan("after"))
-def test_fabric_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any, request: Any) -> None:
+def test_fabric_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any, handoff: Any) -> None:
     """The same ports after the run (conftest runs this last): error counters that grew fail, naming
     node, device and port."""
-    before = request.config.stash.get(FABRIC_BEFORE, None)
-    after = _read_fabric(cluster, gpucluster_session, "after")  # a dry run stops here, printing the job
-    if before is None:
+    job = _fabric_job(cluster, gpucluster_session, "after")  # a dry run stops here, printing the job
+    after = _snapshots(job.values, f"job {job.job_id}")
+    deadline = fabric_deadline(gpucluster_session.available_nodes, gpucluster_session.settings).seconds
+    got = handoff.receive(FABRIC_BEFORE, "test_fabric_before", deadline)
+    if isinstance(got, Absent):
         # not a skip: a skip here would excuse the fabric counters of a cluster that has them
-        pytest.fail(
-            "NOT MEASURED: no before-reading of the fabric ports in this process (test_fabric_before did "
-            "not run here: deselected, or on another pytest-xdist worker; the plugin groups the two with "
-            "--dist loadgroup, so pass -n with --dist load/loadgroup, not --dist each/worksteal)",
-            pytrace=False,
-        )
+        pytest.fail(f"NOT MEASURED: no before-reading of the fabric ports: {got.why}", pytrace=False)
+    before = _snapshots(got.value, f"the before-reading of {got.written_by}")
     # transport errors (a completion in error) are the suite's own when it killed a job in between
     first = min((s.taken_at for s in before if s.taken_at is not None), default=None)
     last = max((s.taken_at for s in after if s.taken_at is not None), default=None)
@@ -131,7 +133,12 @@ def test_fabric_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: Any
         write(f"fabric ports counted on {node}: {', '.join(ports) or 'none'}")
     for sentence in verdict.warnings:
         warnings.warn(GpuClusterWarning(sentence), stacklevel=1)
-    ib_checks = suite_checks(request.config.stash.get(IB_FABRIC_BEFORE, None), hw, write)
+    scan = handoff.receive(FABRIC_SCAN_BEFORE, "test_fabric_before", 0.0)  # written with the ports
+    try:
+        model = model_of_record(scan.value)[0] if isinstance(scan, Handoff) else None
+    except ParseError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    ib_checks = suite_checks(model, hw, write)
     judge([*verdict.checks, *ib_checks], verdict.suspects)
 
 

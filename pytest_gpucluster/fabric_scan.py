@@ -201,6 +201,33 @@ def suite_reading(say: Any = print) -> FabricModel | None:
     return model
 
 
+def suite_record(say: Any = print) -> dict[str, Any]:
+    """`suite_reading` as the acceptance run hands it from test_fabric_before to later tests
+    (``session/handoff.py``, plain JSON): ``{"model": FabricModel.to_json() or None, "why": ...}``,
+    ``why`` saying why there is no model (what `suite_reading` said, or the prefix set to ``off``)."""
+    said: list[str] = []
+
+    def tell(line: str) -> None:
+        said.append(line)
+        say(line)
+
+    model = suite_reading(tell)
+    if model is not None:
+        return {"model": model.to_json(), "why": None}
+    why = "; ".join(said) or f"${TOOL_PREFIX_ENV} is off: no InfiniBand scan asked for"
+    return {"model": None, "why": why}
+
+
+def model_of_record(record: Any) -> tuple[FabricModel | None, str | None]:
+    """The model of a `suite_record` and why there is none; a damaged record is a `ParseError`."""
+    if not isinstance(record, dict) or "model" not in record:
+        raise ParseError(f"the fabric before-scan's record is not one suite_record wrote: {record!r:.200}")
+    data = record["model"]
+    if data is None:
+        return None, str(record.get("why") or "no reason recorded")
+    return FabricModel.from_json(data, where="the fabric before-scan's record"), None
+
+
 def suite_checks(before: FabricModel | None, hw: Any, say: Any = print) -> list[Any]:
     """The fabric-wide checks of the acceptance run: a second scan judged against ``before``
     (counters on every port, switch ports included) and on its own (widths, speeds, shape, rails, SM).

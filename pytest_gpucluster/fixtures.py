@@ -1,5 +1,5 @@
 """Fixtures the plugin gives every test: hw, machine, nodes, cluster, hostfile, nccl_env, results,
-shared_jobs, rerun_part; and `job_part`, which declares a fixture that runs one part of the
+shared_jobs, rerun_part, handoff; and `job_part`, which declares a fixture that runs one part of the
 shared jobs.
 
 Registered by plugin.py once the session has started. The ``process_group`` fixture for
@@ -8,6 +8,7 @@ rank-side tests lives with the rank-test machinery (rank_tests.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
@@ -24,6 +25,7 @@ from pytest_gpucluster.profiles.detect import MachineInfo
 from pytest_gpucluster.profiles.schema import ProfileModel
 from pytest_gpucluster.results.recorder import Recorder
 from pytest_gpucluster.session import GpuClusterSession, get_session
+from pytest_gpucluster.session.handoff import Absent, Handoff, await_handoff, write_handoff
 from pytest_gpucluster.session.plan import PLANNERS, Planner, item_params, planned_parts
 
 
@@ -250,11 +252,58 @@ def rerun_part(shared_jobs: SharedJobs, request: pytest.FixtureRequest) -> Calla
 JOB_FAILURE = pytest.StashKey[JobFailed]()
 """The failed job of a test's `job_part` fixture, raised again when the test is called (plugin.py)."""
 
-FABRIC_MODEL = pytest.StashKey[Any]()
-"""The InfiniBand fabric model of the run's before-scan (`fabric_scan.suite_reading`: a
-``FabricModel``, or None where the controller does not reach the fabric); set by
-acceptance/test_fabric.py's test_fabric_before, read by its after-scan and by the pairwise burn-in,
-which names the fabric element its slow pairs all cross (``checks/burnin/fabric_path.py``)."""
+FABRIC_SCAN_BEFORE = "fabric-scan-before"
+"""The handoff (`handoff` fixture) of the InfiniBand fabric model of the run's before-scan
+(`fabric_scan.suite_reading`: ``{"model": FabricModel.to_json() or None, "why": ...}``, None where
+the controller does not reach the fabric, ``why`` saying so); written by acceptance/test_fabric.py's
+test_fabric_before, read by its after-scan and by the pairwise burn-in, which names the fabric
+element its slow pairs all cross (``checks/burnin/fabric_path.py``)."""
+
+
+class Handoffs:
+    """One test's side of `session.handoff`: `giving` a reading to later tests, `receive` one."""
+
+    def __init__(self, session: GpuClusterSession, request: pytest.FixtureRequest) -> None:
+        self._session, self._request = session, request
+
+    @contextlib.contextmanager
+    def giving(self, name: str) -> Iterator[Callable[[Any], None]]:
+        """``with handoff.giving(name) as give: give(value)``. Leaving the block without ``give``
+        (a failure, a skip, an error) records why, so a later test says it instead of waiting."""
+        given: list[Any] = []
+        try:
+            yield given.append
+        except BaseException as exc:
+            why = str(getattr(exc, "msg", None) or exc or type(exc).__name__).strip().splitlines()
+            verb = "skipped" if isinstance(exc, pytest.skip.Exception) else "failed"
+            self._write(name, None, missing=f"{self._request.node.name} {verb}: {why[0] if why else '?'}")
+            raise
+        if not given:
+            self._write(name, None, missing=f"{self._request.node.name} ended without a reading")
+        else:
+            self._write(name, given[-1])
+
+    def _write(self, name: str, value: Any, *, missing: str | None = None) -> None:
+        gc = self._session
+        write_handoff(gc.results_dir, name, gc.session_tag, self._request.node.nodeid, value, missing=missing)
+
+    def receive(self, name: str, writer: str, deadline_s: float) -> Handoff | Absent:
+        """The reading ``writer`` (a test function's name) handed over, waiting up to ``deadline_s``
+        while that test is selected in this run and has not written it yet (another xdist worker)."""
+        selected = any(getattr(i, "originalname", i.name) == writer for i in self._request.session.items)
+        gc = self._session
+        return await_handoff(
+            gc.results_dir, name, gc.session_tag, writer, selected=selected, deadline_s=deadline_s
+        )
+
+
+@pytest.fixture
+def handoff(gpucluster_session: GpuClusterSession, request: pytest.FixtureRequest) -> Handoffs:
+    """Readings handed from one test to a later one through the results directory, so that the two
+    may run in different pytest-xdist workers (``session/handoff.py``): ``with handoff.giving(name)
+    as give: give(value)`` in the earlier test, ``handoff.receive(name, writer, deadline_s)`` in the
+    later one (a `Handoff`, or an `Absent` saying why there is none: its NOT MEASURED)."""
+    return Handoffs(gpucluster_session, request)
 
 
 def job_part(planner: Planner) -> Any:

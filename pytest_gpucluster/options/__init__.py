@@ -121,8 +121,9 @@ def add_options(parser: pytest.Parser) -> None:
         action="store_true",
         default=False,
         help="at the end of the session, run the drain list's 'scontrol update ... State=DRAIN' command "
-        "for each host a burn-in suspect or a finding needs drained (without it, suspects.json is "
-        "written and the commands are only printed)",
+        "for each host whose finding's next action drains it (drain node, reset GPU, reseat/replace "
+        "cable or NIC, RMA); a burn-in suspect whose finding says rerun stays listed in suspects.json "
+        "and is never drained (without the option, suspects.json is written and nothing is run)",
     )
 
 
