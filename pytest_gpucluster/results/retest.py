@@ -106,7 +106,9 @@ class RetestRow:
         def shown(v: float | None) -> str:
             return "no value" if v is None else format_value(v, self.unit)
 
-        verdict = "CONFIRMED: drain" if self.confirmed else "cleared: not drained"
+        # confirmed is what the retest measured; whether the node is drained is its finding's action
+        # (burnin.drain.judged_drain_commands): a miss the findings call "threshold; rerun" is not
+        verdict = "CONFIRMED: missed again" if self.confirmed else "cleared: not drained"
         return [self.host, self.component or "-", self.metric, shown(self.first), shown(self.retest),
                 self.threshold, verdict]  # fmt: skip
 

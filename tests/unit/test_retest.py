@@ -61,7 +61,7 @@ def test_a_retest_that_fails_again_confirms_the_suspect():
     lines = retest_lines(record)
     assert lines[0] == "retest of suspects vm: confirmed vm; cleared none"
     assert lines[1].startswith("  vm rank 1: burnin.cpu_matmul first 0.01091 TFLOP/s, retest 0.0108 TFLOP/s")
-    assert lines[1].endswith("(>= 0.028 TFLOP/s): CONFIRMED: drain")
+    assert lines[1].endswith("(>= 0.028 TFLOP/s): CONFIRMED: missed again")
 
 
 def test_a_retest_that_passes_clears_the_suspect_and_keeps_both_values():
