@@ -485,8 +485,10 @@ def findings_of(
     for m in latest.values():
         if not m.failed:
             continue
-        if named.get(m.test_id) and not (
-            host_of(m.labels) or gpu_of(m.labels) or port_of(m.metric, m.labels)
+        if (
+            named.get(m.test_id)
+            and m.measured  # a NOT MEASURED value of the test is a gap of its own, not the suspects' count
+            and not (host_of(m.labels) or gpu_of(m.labels) or port_of(m.metric, m.labels))
         ):
             counts.setdefault(m.test_id, m)  # the suspects say who
             continue

@@ -124,6 +124,9 @@ def test_the_before_scan_reaches_the_localization_in_another_worker_and_its_abse
         record = json.loads((tmp_path / "joined" / "fabric-scan-before.json").read_text())
         assert record["written_by"] == BEFORE and record["value"]["model"] is not None
         (path,) = _rows(data, "fabric.ib.path")
+        print(
+            f"{BEFORE} in {_worker(out, BEFORE)}, {PAIRWISE} in {_worker(out, PAIRWISE)}: {path.get('hint')}"
+        )
         assert (path["verdict"], path["labels"]) == ("fail", {"device": "leaf leaf-r0-02"}), out[-4000:]
         outcomes = {o["test_id"].split("@")[0]: o["outcome"] for o in data["outcomes"]}
         assert outcomes[BEFORE] == "passed" and outcomes[PAIRWISE] == "failed"
@@ -137,6 +140,7 @@ def test_the_before_scan_reaches_the_localization_in_another_worker_and_its_abse
     (gap,) = _rows(data, "fabric.ib.path")
     assert gap["verdict"] == "fail" and gap.get("problem") == "not measured", gap
     assert "no fabric before-scan: test_fabric_before is not among this run's tests" in gap["hint"]
+    print(f"without {BEFORE}: fabric.ib.path NOT MEASURED: {gap['hint']}")
     (finding,) = [f for f in data["findings"] if f["metric"] == "fabric.ib.path"]
     assert (finding["reason"], finding["action"]) == ("not measured", "rerun")
     assert "fabric localization NOT MEASURED" in out  # the warning, in the controller's summary

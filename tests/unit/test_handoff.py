@@ -108,3 +108,25 @@ def test_the_join_names_the_leaf_with_a_model_and_is_not_measured_without_a_reco
     assert (
         quiet.not_measured is None and "no fabric before-scan: test_fabric_before is not among" in quiet.line
     )
+
+
+def test_a_not_measured_join_is_a_finding_of_its_own_beside_the_nodes_the_pairs_named() -> None:
+    """As test_pairwise_localization records it: the NOT MEASURED first, then the pairs' counts, the
+    nodes as suspects. The gap is not swallowed as the count the suspects explain."""
+    from dataclasses import replace
+
+    from pytest_gpucluster.checks.burnin.peers import pairwise_checks
+
+    test = "acceptance/test_burnin.py::test_pairwise_localization"
+    slow = localize(HOSTS, runner(lambda a, b: bool(UNDER & {a, b})), tolerance=0.25)
+    gap = fabric_join(None, slow, missing="test_fabric_before is not among this run's tests").not_measured
+    assert gap is not None
+    checks = [gap, *pairwise_checks(slow, 6)]
+    found = findings_of(
+        [Measurement.of(c, test_id=test, time=0.0) for c in checks],
+        suspects=[replace(s, source=test) for s in slow.suspects],
+    )
+    mine = [(f.metric, f.reason, f.action, f.host) for f in found]
+    assert ("fabric.ib.path", "not measured", "rerun", None) in mine
+    nodes = sorted(f.host for f in found if f.reason == "hardware")
+    assert nodes == sorted(UNDER) and all(f.metric != "fabric.ib.path" for f in found if f.host)
