@@ -1,7 +1,9 @@
 """The real acceptance suite under pytest-xdist (-n 2): each before/after pair (fabric ports, ECC/XID
 counters) runs in one worker (acceptance/conftest.py switches --dist load to loadgroup), so the
-after test measures instead of skipping; with its before-reading in no process of its own, it fails
-NOT MEASURED instead of a silent skip (shown here by deselecting the before test)."""
+after test measures instead of skipping; the reading goes through the results directory
+(session/handoff.py). Without its before test in the run, the after test fails NOT MEASURED saying
+so instead of a silent skip (shown here by deselecting the before test). The pairwise burn-in's
+join with the fabric before-scan across workers: tests/integration/test_fabric_join_xdist.py."""
 
 from __future__ import annotations
 
@@ -48,3 +50,4 @@ def test_an_after_test_without_its_before_reading_fails_not_measured_never_skips
     after = outcomes["test_fabric.py::test_fabric_after"]
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     assert after["outcome"] == "failed" and "NOT MEASURED: no before-reading" in after["message"]
+    assert "test_fabric_before is not among this run's tests (deselected" in after["message"]
