@@ -274,6 +274,9 @@ class Handoffs:
         try:
             yield given.append
         except BaseException as exc:
+            if given:  # the reading was taken; what failed after it is the test's own
+                self._write(name, given[-1])
+                raise
             why = str(getattr(exc, "msg", None) or exc or type(exc).__name__).strip().splitlines()
             verb = "skipped" if isinstance(exc, pytest.skip.Exception) else "failed"
             self._write(name, None, missing=f"{self._request.node.name} {verb}: {why[0] if why else '?'}")
