@@ -11,8 +11,9 @@ their own, ``--hostfile`` naming the namespaces, ``GPUCLUSTER_IB_TOOL_PREFIX`` t
   test_fabric_before in one process reaches the localization in the other only through the
   results directory (``session/handoff.py``; pytest's stash, as before, would not): the run
   records ``fabric.ib.path`` naming leaf-r0-02 and drains neither of its nodes.
-- ``-n 2`` with the localization alone: slow pairs and no before-scan to join them with are a NOT
-  MEASURED ``fabric.ib.path`` saying that test_fabric_before is not in the run; never a silent
+- the localization alone (one process: where the tests run does not matter once one of them is
+  not in the run): slow pairs and no before-scan to join them with are a NOT MEASURED
+  ``fabric.ib.path`` saying that test_fabric_before is not in the run; never a silent
   localization without the model.
 
 The profile is cpu-local with the pairwise tolerance at 300%, as test_fabric_localize_netns
@@ -55,6 +56,7 @@ description: cpu-local with the pairwise tolerance measured for throttled namesp
 extends: cpu-local
 burnin:
   straggler_tolerance: 300%
+  load_duration: 1s   # the health job only feeds the pairwise test's "slow alone" check here
 """
 _DROP_ENV = ("PYTEST_XDIST", "PYTEST_ADDOPTS", "_GPUCLUSTER", "GPUCLUSTER_")
 PAIRWISE = "acceptance/test_burnin.py::test_pairwise_localization"
@@ -68,7 +70,7 @@ def bed() -> Iterator[NetnsTestbed]:
 
 
 def _acceptance(
-    bed: NetnsTestbed, tmp_path: Path, prefix: list[str], name: str, *args: str
+    bed: NetnsTestbed, tmp_path: Path, prefix: list[str], name: str, *args: str, xdist: bool = True
 ) -> tuple[str, dict]:
     thresholds = tmp_path / "thresholds"
     thresholds.mkdir(exist_ok=True)
@@ -78,7 +80,8 @@ def _acceptance(
     results = tmp_path / name
     argv = [
         sys.executable, "-m", "pytest", "acceptance/test_fabric.py", "acceptance/test_burnin.py",
-        "-m", "burnin", "-n", "2", "-v", "-rA", "-p", "no:cacheprovider", "--hw=cpu-fabric-join",
+        "-m", "burnin", *(("-n", "2") if xdist else ("-p", "no:xdist")), "-v", "-rA", "-p", "no:cacheprovider",
+        "--hw=cpu-fabric-join",
         f"--thresholds-dir={thresholds}", f"--hostfile={hostfile}", "--nproc-per-node=1",
         f"--remote-exec={shlex.join(bed.remote_exec_template)}", f"--results-dir={results}", *args,
     ]  # fmt: skip
@@ -136,7 +139,10 @@ def test_the_before_scan_reaches_the_localization_in_another_worker_and_its_abse
         assert drain["drain_commands"] == [] and drain["suspects"] == []  # the leaf, not its nodes
 
         # the localization alone: the same slow pairs, no before-scan to join them with
-        out, data = _acceptance(bed, tmp_path, list(sim.prefix), "alone", "-k", "pairwise_localization")
+        # (in one process: where the two tests run does not matter when one of them is not in the run)
+        out, data = _acceptance(
+            bed, tmp_path, list(sim.prefix), "alone", "-k", "pairwise_localization", xdist=False
+        )
     (gap,) = _rows(data, "fabric.ib.path")
     assert gap["verdict"] == "fail" and gap.get("problem") == "not measured", gap
     assert "no fabric before-scan: test_fabric_before is not among this run's tests" in gap["hint"]
