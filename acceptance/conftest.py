@@ -9,7 +9,7 @@ test's suspects to it and records its checks. Two rules for them concern the who
   ``test_fabric_after`` to its end, so that together they bracket every other test (the soak
   included). (Under pytest-xdist each worker brackets only its own share of the tests.) A before
   test hands its reading to the later tests through the results directory (the ``handoff``
-  fixture, ``session/handoff.py``), never pytest's stash, which one process alone sees: the
+  fixture, ``results/handoff.py``), never pytest's stash, which one process alone sees: the
   fabric before-scan reaches test_pairwise_localization in whichever worker each runs.
 - The slow burn-in parts, marked ``@pytest.mark.burnin(slow=True)`` (the pairwise localization,
   about n/2 + 2 jobs), run only when ``-m`` names burnin: ``pytest acceptance/ -m burnin``. A plain

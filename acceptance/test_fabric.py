@@ -44,7 +44,7 @@ from pytest_gpucluster.parsers.fabric_ports import FabricSnapshot, parse_snapsho
 from pytest_gpucluster.plans import burnin as plans
 from pytest_gpucluster.plans import soak as soak_plan
 from pytest_gpucluster.plans.burnin_deadlines import dcgm_deadline, dcgm_estimate, fabric_deadline
-from pytest_gpucluster.session.handoff import Absent, Handoff
+from pytest_gpucluster.results.handoff import Absent, Handoff
 from pytest_gpucluster.session.plan import launches
 
 pytestmark = pytest.mark.burnin

@@ -203,7 +203,7 @@ def suite_reading(say: Any = print) -> FabricModel | None:
 
 def suite_record(say: Any = print) -> dict[str, Any]:
     """`suite_reading` as the acceptance run hands it from test_fabric_before to later tests
-    (``session/handoff.py``, plain JSON): ``{"model": FabricModel.to_json() or None, "why": ...}``,
+    (``results/handoff.py``, plain JSON): ``{"model": FabricModel.to_json() or None, "why": ...}``,
     ``why`` saying why there is no model (what `suite_reading` said, or the prefix set to ``off``)."""
     said: list[str] = []
 

@@ -25,7 +25,7 @@ from pytest_gpucluster.profiles.detect import MachineInfo
 from pytest_gpucluster.profiles.schema import ProfileModel
 from pytest_gpucluster.results.recorder import Recorder
 from pytest_gpucluster.session import GpuClusterSession, get_session
-from pytest_gpucluster.session.handoff import Absent, Handoff, await_handoff, write_handoff
+from pytest_gpucluster.results.handoff import Absent, Handoff, await_handoff, write_handoff
 from pytest_gpucluster.session.plan import PLANNERS, Planner, item_params, planned_parts
 
 
@@ -261,7 +261,7 @@ element its slow pairs all cross (``checks/burnin/fabric_path.py``)."""
 
 
 class Handoffs:
-    """One test's side of `session.handoff`: `giving` a reading to later tests, `receive` one."""
+    """One test's side of `results.handoff`: `giving` a reading to later tests, `receive` one."""
 
     def __init__(self, session: GpuClusterSession, request: pytest.FixtureRequest) -> None:
         self._session, self._request = session, request
@@ -303,7 +303,7 @@ class Handoffs:
 @pytest.fixture
 def handoff(gpucluster_session: GpuClusterSession, request: pytest.FixtureRequest) -> Handoffs:
     """Readings handed from one test to a later one through the results directory, so that the two
-    may run in different pytest-xdist workers (``session/handoff.py``): ``with handoff.giving(name)
+    may run in different pytest-xdist workers (``results/handoff.py``): ``with handoff.giving(name)
     as give: give(value)`` in the earlier test, ``handoff.receive(name, writer, deadline_s)`` in the
     later one (a `Handoff`, or an `Absent` saying why there is none: its NOT MEASURED)."""
     return Handoffs(gpucluster_session, request)

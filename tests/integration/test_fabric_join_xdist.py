@@ -9,7 +9,7 @@ their own, ``--hostfile`` naming the namespaces, ``GPUCLUSTER_IB_TOOL_PREFIX`` t
 
 - ``-n 2 --dist loadscope`` puts each module in its own worker, so the model written by
   test_fabric_before in one process reaches the localization in the other only through the
-  results directory (``session/handoff.py``; pytest's stash, as before, would not): the run
+  results directory (``results/handoff.py``; pytest's stash, as before, would not): the run
   records ``fabric.ib.path`` naming leaf-r0-02 and drains neither of its nodes.
 - the localization alone (one process: where the tests run does not matter once one of them is
   not in the run): slow pairs and no before-scan to join them with are a NOT MEASURED

@@ -1,7 +1,7 @@
 """The real acceptance suite under pytest-xdist (-n 2): each before/after pair (fabric ports, ECC/XID
 counters) runs in one worker (acceptance/conftest.py switches --dist load to loadgroup), so the
 after test measures instead of skipping; the reading goes through the results directory
-(session/handoff.py). Without its before test in the run, the after test fails NOT MEASURED saying
+(results/handoff.py). Without its before test in the run, the after test fails NOT MEASURED saying
 so instead of a silent skip (shown here by deselecting the before test). The pairwise burn-in's
 join with the fabric before-scan across workers: tests/integration/test_fabric_join_xdist.py."""
 

@@ -1,5 +1,5 @@
 """Readings handed from one test to a later one through the results directory
-(`session/handoff.py`), and the pairwise burn-in's join with the fabric model (`fabric_join`):
+(`results/handoff.py`), and the pairwise burn-in's join with the fabric model (`fabric_join`):
 another process's record is read, another run's is not, a before test that is not in the run or
 left no reading gives a sentence for the NOT MEASURED instead of a silent None."""
 
@@ -18,7 +18,7 @@ from pytest_gpucluster.checks.burnin.fabric_path import fabric_join
 from pytest_gpucluster.fabric_scan import model_of_record
 from pytest_gpucluster.results.findings import findings_of
 from pytest_gpucluster.results.model import Measurement
-from pytest_gpucluster.session.handoff import Absent, Handoff, await_handoff, read_handoff, write_handoff
+from pytest_gpucluster.results.handoff import Absent, Handoff, await_handoff, read_handoff, write_handoff
 
 TAG = "vm:100:1.0"
 WRITER = "test_fabric_before"
@@ -26,7 +26,7 @@ WRITER = "test_fabric_before"
 
 def test_a_reading_written_by_another_process_is_read_and_another_runs_is_not(tmp_path: Path) -> None:
     code = (
-        "import sys; from pathlib import Path; from pytest_gpucluster.session.handoff import write_handoff; "
+        "import sys; from pathlib import Path; from pytest_gpucluster.results.handoff import write_handoff; "
         "write_handoff(Path(sys.argv[1]), 'ports', sys.argv[2], 'acceptance/t.py::test_fabric_before', "
         "[{'node': 'n1', 'ports': 3}])"
     )
