@@ -51,8 +51,8 @@ from pytest_gpucluster.launch.xid_step import hold_listener
 from pytest_gpucluster.parsers.nccl_log import parse_nccl_log
 from pytest_gpucluster.plans import burnin as plans
 from pytest_gpucluster.plans.burnin_deadlines import counters_deadline, fabric_deadline, pair_deadline
-from pytest_gpucluster.session import GpuClusterSession
 from pytest_gpucluster.results.handoff import Absent, Handoff
+from pytest_gpucluster.session import GpuClusterSession
 from pytest_gpucluster.session.plan import launches
 
 pytestmark = pytest.mark.burnin

@@ -23,9 +23,9 @@ from pytest_gpucluster.harness import Part, PartRun, SharedJobs, job_timing
 from pytest_gpucluster.plans.deadlines import Deadline
 from pytest_gpucluster.profiles.detect import MachineInfo
 from pytest_gpucluster.profiles.schema import ProfileModel
+from pytest_gpucluster.results.handoff import Absent, Handoff, await_handoff, write_handoff
 from pytest_gpucluster.results.recorder import Recorder
 from pytest_gpucluster.session import GpuClusterSession, get_session
-from pytest_gpucluster.results.handoff import Absent, Handoff, await_handoff, write_handoff
 from pytest_gpucluster.session.plan import PLANNERS, Planner, item_params, planned_parts
 
 

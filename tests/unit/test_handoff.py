@@ -17,8 +17,8 @@ from pytest_gpucluster.burnin.pairwise import localize
 from pytest_gpucluster.checks.burnin.fabric_path import fabric_join
 from pytest_gpucluster.fabric_scan import model_of_record
 from pytest_gpucluster.results.findings import findings_of
-from pytest_gpucluster.results.model import Measurement
 from pytest_gpucluster.results.handoff import Absent, Handoff, await_handoff, read_handoff, write_handoff
+from pytest_gpucluster.results.model import Measurement
 
 TAG = "vm:100:1.0"
 WRITER = "test_fabric_before"
