@@ -257,8 +257,9 @@ def test_counters_after(cluster: Any, gpucluster_session: Any, hw: Any, judge: A
     xids = health.xid_readability_checks(before, after, require=hw.burnin.require_xid_source, profile=hw.name)
     for warning in health.xid_warnings(xids):  # a permission is not a sick node (burnin.require_xid_source)
         warnings.warn(GpuClusterWarning(warning), stacklevel=1)
-    # XIDs of NVIDIA's RESTART_APP bucket (13, 31, 43, 45...) are the application's, often the
-    # suite's own kills: recorded as warnings, the GPU not blamed (checks/burnin/xid_classes.py)
+    # XIDs whose catalog bucket asks nothing of the GPU (RESTART_APP, IGNORE, WORKFLOW_XID_45: 13, 31,
+    # 43, 45...) are often the suite's own kills: recorded as warnings, the GPU not blamed
+    # (checks/burnin/xid_classes.py)
     kills = kill_windows(gpucluster_session.recorder.header.get("jobs") or ())
     app_xids = health.application_xids(before, after, kills)
     for check in app_xids:

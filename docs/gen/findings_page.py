@@ -65,20 +65,35 @@ def render_findings() -> str:
             ((code(k), ", ".join(code(n) for n in names)) for k, names in by_class.items()),
         )
     )
-    from pytest_gpucluster.checks.burnin import xid_classes
+    from pytest_gpucluster.checks.burnin import xid_catalog, xid_classes
 
     out += [
-        "\n## XID classes (`checks/burnin/xid_classes.py`)\n",
-        "How an XID read after the load is judged: by the resolution bucket of NVIDIA's XID catalog. "
-        "An application-class XID (`RESTART_APP`) is a recorded warning, never a suspect; an XID not "
-        f"listed is a suspect with the action `{xid_classes.UNKNOWN_ACTION}` (why: "
+        "\n## XID classes (`checks/burnin/xid_classes.py`, `checks/burnin/xid_catalog.py`)\n",
+        "How an XID read after the load is judged: by its immediate-action resolution bucket in NVIDIA's "
+        "XID catalog, kept as the catalog writes it. A bucket that asks nothing of the GPU ("
+        + ", ".join(code(b) for b in sorted(xid_classes.WARNING_BUCKETS))
+        + ") is a recorded warning, never a suspect; every other bucket makes the GPU a suspect with "
+        f"its action. An XID not listed is a suspect with the action `{xid_classes.UNKNOWN_ACTION}` (why: "
         "[Faults judged by their cause](../explanation/faults-by-cause.md)).\n",
         table(
-            ("XID", "what", "catalog bucket", "action"),
+            ("catalog bucket", "action", "what to do"),
             (
-                (str(c.xid), cell(c.name), code(c.bucket), code(c.action))
+                (code(b), code(a), cell(xid_classes.BUCKET_ADVICE[b]))
+                for b, a in xid_classes.BUCKET_ACTIONS.items()
+            ),
+        ),
+        "\nThe XIDs the table holds: every row of the catalog with an immediate-action bucket, except the "
+        'codes it marks "Unused" with `CONTACT_SUPPORT` (judged as any unlisted code). Each row cites its '
+        "source; `tests/unit/test_xid_catalog.py` checks every row against the saved catalog excerpt "
+        "`tests/data/xid_catalog/xid_catalog.csv` (provenance and cross-checks: its `README.md`).\n",
+        table(
+            ("XID", "mnemonic", "description", "catalog bucket", "action", "source"),
+            (
+                (str(c.xid), code(c.mnemonic), cell(c.name), code(c.bucket), code(c.action), code(c.source))
                 for c in sorted(xid_classes.XID_CLASSES.values(), key=lambda c: c.xid)
             ),
         ),
+        "\nSources:\n",
+        "\n".join(f"- {code(key)}: {cell(text)}" for key, text in xid_catalog.SOURCES.items()) + "\n",
     ]
     return "\n".join(out)

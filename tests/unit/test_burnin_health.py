@@ -202,8 +202,8 @@ def test_an_ecc_counter_that_rises_names_the_gpu():
 
 def test_application_xids_of_a_real_log_are_warnings_matched_to_their_gpu_by_pci_address():
     """Xid 45 (the driver cleaning up a killed process's work) on four GPUs, from a real journal:
-    NVIDIA's catalog puts it in RESTART_APP, so it is recorded as a warning naming each GPU, never
-    a suspect."""
+    NVIDIA's catalog gives it its own workflow, WORKFLOW_XID_45 (with another XID: follow that one),
+    so it is recorded as a warning naming each GPU, never a suspect."""
     lines = _kernel_log("xid_45_four_gpus_journal_ogkm1150.log").splitlines()
     gpus = [_gpu_rank(i, f"00000000:{b.upper()}:00.0") for i, b in enumerate(("97", "ba", "dc", "ed"))]
     before = copy.deepcopy(gpus)
@@ -218,7 +218,7 @@ def test_application_xids_of_a_real_log_are_warnings_matched_to_their_gpu_by_pci
         "XID 45 on GPU 3",
         "XID 45 on GPU 0",
     ]
-    assert "(00000000:DC:00.0) of gpu-node-1" in warned[0] and "RESTART_APP" in warned[0]
+    assert "(00000000:DC:00.0) of gpu-node-1" in warned[0] and "WORKFLOW_XID_45" in warned[0]
     assert "not blamed" in warned[0] and "kernel: NVRM: Xid (PCI:0000:dc:00): 45" in warned[0]
 
 

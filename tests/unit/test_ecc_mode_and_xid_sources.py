@@ -15,7 +15,12 @@ from types import SimpleNamespace
 import pytest
 
 from pytest_gpucluster.checks.burnin.gpu import ecc_mode_of, gpu_checks
-from pytest_gpucluster.checks.burnin.health import counter_increases, xid_readability_checks, xid_warnings
+from pytest_gpucluster.checks.burnin.health import (
+    application_xids,
+    counter_increases,
+    xid_readability_checks,
+    xid_warnings,
+)
 from pytest_gpucluster.profiles.schema import BurninSection
 from pytest_gpucluster.workloads._xid import NvmlXidListener, kernel_xids, parse_xid_lines
 
@@ -170,11 +175,18 @@ def test_an_xid_on_a_nonzero_pci_domain_is_matched_to_its_gpu():
     before = [gpu | {"xid_events": []}]
     after = [gpu | {"xid_events": parse_xid_lines(lines)}]
     suspects = counter_increases(before, after)
-    assert [(s.gpu, s.evidence["xid"]) for s in suspects] == [
-        ("GPU 0 (00000019:01:00.0)", 149),
-        ("the GPU at PCI 0000:00:00", 149),  # not a GPU of this rank's node: named by its address
-        ("the GPU at PCI 0018:01:00", 145),
+    assert [(s.gpu, s.evidence["xid"], s.evidence["action"]) for s in suspects] == [
+        ("GPU 0 (00000019:01:00.0)", 149, "reset GPU"),
+        (
+            "the GPU at PCI 0000:00:00",
+            149,
+            "reset GPU",
+        ),  # not a GPU of this rank's node: named by its address
     ]
+    # the 145 line (RLW_RXPIPE, errorStatus 0x00000008) decodes to IGNORE on the catalog's "XID 144-150
+    # Decode" sheet: a recorded warning, the GPU not blamed (checks/burnin/xid_nvlink5.py)
+    [warned] = application_xids(before, after)
+    assert warned.labels["gpu"] == "the GPU at PCI 0018:01:00" and "RLW_RXPIPE" in warned.hint
 
 
 def test_unreadable_xids_warn_with_the_fix_and_fail_only_where_the_profile_requires_a_source():

@@ -28,7 +28,7 @@ from pytest_gpucluster.checks.burnin.xid_classes import (
     UNKNOWN_ACTION,
     KillWindow,
     XidClass,
-    classify,
+    classify_event,
     kill_window_of,
 )
 from pytest_gpucluster.profiles.schema import BurninSection
@@ -267,8 +267,8 @@ def counter_increases(
 ) -> list[Suspect]:
     """Every GPU whose uncorrectable ECC / retired-page / uncorrectable remapped-row counter grew
     between the two readings, or whose row remap is pending or failed after it, and every new XID
-    event of a reset/reboot/RMA class or not in the table (NVIDIA's catalog, `xid_classes`;
-    matched to its GPU by PCI address), as suspects with that action. Application-class XIDs are
+    event of a suspect class (reset, reboot, drain) or not in the table (NVIDIA's catalog, `xid_classes`;
+    matched to its GPU by PCI address), as suspects with that action. Warning-class XIDs are
     `application_xids`' warnings; corrected errors are `corrected_checks`'."""
     suspects: list[Suspect] = []
     for host, gpu, was, now in _read_twice(before, after):
@@ -293,14 +293,15 @@ def counter_increases(
                     )
                 )  # fmt: skip
     for host, gpu, event, xid_class in _new_xids(before, after):
-        if xid_class is not None and xid_class.application:
-            continue  # the application's doing: `application_xids` warns about it
+        if xid_class is not None and xid_class.warning:
+            continue  # the catalog asks nothing of the GPU: `application_xids` warns about it
         said = event.get("line") or f"reported by NVML for PCI {event.get('pci', '')}"
         if xid_class is None:
             why = f"not in the XID table ({UNKNOWN_ACTION}; look it up in NVIDIA's XID catalog)"
             action: str = UNKNOWN_ACTION
         else:
-            why = f"{xid_class.name}; NVIDIA's XID catalog: {xid_class.bucket}: {xid_class.advice}"
+            decoded = f", {xid_class.decoded}" if xid_class.decoded else ""
+            why = f"{xid_class.name}{decoded}; NVIDIA's XID catalog: {xid_class.bucket}: {xid_class.advice}"
             action = xid_class.action
         suspects.append(
             Suspect(
@@ -318,7 +319,7 @@ def _new_xids(
 ) -> Iterator[tuple[str, str, Mapping[str, Any], XidClass | None]]:
     """``(host, gpu, event, class)`` for each XID event of the run: in the after-reading's log and
     not in the before-reading's, or heard by the session's NVML listener; matched to its GPU by PCI
-    address; classed by NVIDIA's catalog (`xid_classes.classify`; None: not in the table)."""
+    address; classed by NVIDIA's catalog (`xid_classes.classify_event`; None: not in the table)."""
     old_xids = _xids(before)
     new_by_host: dict[str, list[Mapping[str, Any]]] = {}
     for host, events in _xids(after).items():
@@ -334,10 +335,18 @@ def _new_xids(
             match = gpu_of.get(_pci_key(pci))
             gpu = (match.get("nvml") or {}).get("gpu") if match else f"the GPU at PCI {pci}"
             try:
-                xid_class = classify(int(event.get("xid")))  # type: ignore[arg-type]
+                xid_class = classify_event(int(event.get("xid")), event.get("line"))  # type: ignore[arg-type]
             except (TypeError, ValueError):
                 xid_class = None
             yield host, str(gpu), event, xid_class
+
+
+_WARNING_CAUSES = {
+    "RESTART_APP": "an application's error, not the GPU's",
+    "WORKFLOW_XID_45": "an aborted application's teardown (Ctrl-C, SIGKILL, a GPU reset), not the GPU's error",
+}
+"""Why a warning-class XID outside a kill window is not the GPU's, by catalog bucket (default: the
+catalog's advice for the bucket)."""
 
 
 def application_xids(
@@ -345,13 +354,14 @@ def application_xids(
     after: Sequence[Mapping[str, Any]],
     kills: Sequence[KillWindow] = (),
 ) -> list[Check]:
-    """A recorded check (no threshold: a warning) per application-class XID of the run (NVIDIA's
-    ``RESTART_APP`` bucket: 13, 31, 43, 45...), naming host and GPU; the GPU is not blamed. One
+    """A recorded check (no threshold: a warning) per warning-class XID of the run (a bucket of NVIDIA's
+    catalog that asks nothing of the GPU, `xid_classes.WARNING_BUCKETS`: 13, 31, 43, 45, 63...),
+    naming host and GPU; the GPU is not blamed. One
     inside the window of a job the suite itself stopped (``kills``, `xid_classes.kill_windows`) is
     attributed to that kill. Its hint is the warning's sentence."""
     out = []
     for host, gpu, event, xid_class in _new_xids(before, after):
-        if xid_class is None or not xid_class.application:
+        if xid_class is None or not xid_class.warning:
             continue
         said = event.get("line") or f"reported by NVML for PCI {event.get('pci', '')}"
         window = kill_window_of(event, host, kills)
@@ -359,11 +369,14 @@ def application_xids(
             f"inside the window of job {window.job}, which the suite stopped (its ranks were killed): "
             "attributed to that kill"
             if window
-            else "an application's error, not the GPU's"
+            else _WARNING_CAUSES.get(
+                xid_class.bucket, f"the catalog asks nothing of the GPU ({xid_class.advice})"
+            )
         )
         sentence = (
-            f"XID {event.get('xid')} on {gpu} of {host} ({xid_class.name}; NVIDIA's XID catalog: "
-            f"RESTART_APP) {cause}. Recorded, the GPU is not blamed: {said}"
+            f"XID {event.get('xid')} on {gpu} of {host} ({xid_class.name}"
+            f"{', ' + xid_class.decoded if xid_class.decoded else ''}; NVIDIA's XID catalog: "
+            f"{xid_class.bucket}) {cause}. Recorded, the GPU is not blamed: {said}"
         )
         labels = {"host": host, "gpu": gpu, "xid": event.get("xid")}
         if window:

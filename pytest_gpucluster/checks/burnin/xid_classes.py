@@ -8,21 +8,34 @@ flight commonly logs Xid 45 on a perfectly healthy GPU. Blaming the GPU for it d
 
 Source of the classes: NVIDIA, *Analyzing Xid Errors with the Xid Catalog*
 (https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), column "Resolution Bucket
-(Immediate Action)", for Ampere and newer GPUs; the per-XID notes of *Xid Errors*
-(https://docs.nvidia.com/deploy/xid-errors/) for 45 ("Ctrl-C, GPU reset, sigkill are all examples
-where the application is aborted and this event is created"). Buckets used here:
+(Immediate Action)", for Ampere and newer GPUs: the rows are ``xid_catalog.CATALOG_ROWS``, each
+citing its source, checked against a saved excerpt of the catalog. The catalog's bucket is kept
+as written (:attr:`XidClass.bucket`); :data:`BUCKET_ACTIONS` says what the suite does with each:
 
-- ``RESTART_APP``: restart the application; the GPU is fine. Recorded as a warning, never a suspect.
-- ``RESET_GPU``: the GPU needs a reset (``nvidia-smi -r``) before it is used again: a suspect,
-  action "reset GPU".
-- ``RESTART_BM``: reboot the node (bare metal): a suspect, action "drain node".
-- ``RMA``: the part is to be returned (the catalog's investigatory action for row-remap failures,
-  64): a suspect, action "RMA".
+- a warning, recorded and never a suspect, where the catalog asks nothing of the GPU:
+  ``RESTART_APP`` (restart the application), ``IGNORE`` (no action required), ``RESTART_VM`` (restart
+  the VM; "RESET_GPU or RESTART_BM is not deemed necessary"), ``XID_154_EVAL`` (a decoded NVLink5
+  line: with an Xid 154, take its action, which is judged on its own; without, RESTART_APP) and
+  ``WORKFLOW_XID_45`` (with another
+  XID: follow that one, which is judged on its own; its trigger conditions: "Control-C, GPU resets,
+  sigkill are all examples where the application is aborted and this event is created");
+- a suspect with the action "reset GPU" for ``RESET_GPU``, ``WORKFLOW_XID_48`` (solo: RESET_GPU),
+  ``WORKFLOW_NVLINK_ERR`` ("A GPU reset or node reboot is needed to clear this error"),
+  ``WORKFLOW_NVLINK5_ERR`` (Xid 144-150: the line's registers decoded on the catalog's "XID 144-150
+  Decode" sheet, `xid_nvlink5`, give the bucket; a line it cannot decode keeps this one, judged as
+  the sheet's fatal decodes are, RESET_GPU) and ``CHECK_UVM`` (RESET_GPU where UVM is in use, as
+  CUDA applications do);
+- a suspect with "drain node" for ``RESTART_BM`` (reboot the node), ``CHECK_MECHANICALS`` (check the
+  GPU's seating and connections), ``XID_154`` (the line itself names the recovery action) and
+  ``CONTACT_SUPPORT``; "fix node setup" for ``UPDATE_SWFW``.
+
+Counters judge the memory on their own (``health.COUNTERS``, ``STATES``): a pending or failed row
+remap, an uncorrectable ECC count that rose, are suspects whatever bucket the XID beside them has.
 
 An XID not in :data:`XID_CLASSES` is a suspect ("drain node", look it up in the catalog): an
-unknown code is never taken for a harmless one. An application-class XID inside the window of a job
+unknown code is never taken for a harmless one. A warning-class XID inside the window of a job
 the suite itself stopped (:class:`KillWindow`, from results.json's ``jobs`` with ``status`` failed)
-is attributed to that kill in its warning; a reset/reboot-class XID is a suspect wherever it falls
+is attributed to that kill in its warning; a suspect-class XID is a suspect wherever it falls
 (a kill does not make a GPU fall off the bus).
 
 Pure: no torch, no pytest, no I/O.
@@ -30,89 +43,125 @@ Pure: no torch, no pytest, no I/O.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from pytest_gpucluster.checks.burnin.xid_catalog import CATALOG_ROWS, SOURCES, CatalogBucket
+from pytest_gpucluster.checks.burnin.xid_nvlink5 import decode
+
 __all__ = [
+    "BUCKET_ACTIONS",
+    "BUCKET_ADVICE",
     "KILL_GRACE_S",
     "UNKNOWN_ACTION",
+    "WARNING_BUCKETS",
     "XID_CLASSES",
     "KillWindow",
     "XidClass",
     "classify",
+    "classify_event",
     "event_time",
     "kill_window_of",
     "kill_windows",
 ]
 
-Bucket = Literal["RESTART_APP", "RESET_GPU", "RESTART_BM", "RMA"]
-Action = Literal["rerun", "drain node", "reset GPU", "RMA"]
+Action = Literal["rerun", "fix node setup", "drain node", "reset GPU", "RMA"]
+
+WARNING_BUCKETS: frozenset[CatalogBucket] = frozenset(
+    {"RESTART_APP", "IGNORE", "RESTART_VM", "WORKFLOW_XID_45", "XID_154_EVAL"}
+)
+"""The catalog's buckets that ask nothing of the GPU: an XID in one is recorded as a warning."""
+
+BUCKET_ACTIONS: Mapping[CatalogBucket, Action] = {
+    "RESTART_APP": "rerun",
+    "IGNORE": "rerun",
+    "RESTART_VM": "rerun",
+    "WORKFLOW_XID_45": "rerun",
+    "XID_154_EVAL": "rerun",
+    "RESET_GPU": "reset GPU",
+    "WORKFLOW_XID_48": "reset GPU",
+    "WORKFLOW_NVLINK_ERR": "reset GPU",
+    "WORKFLOW_NVLINK5_ERR": "reset GPU",
+    "CHECK_UVM": "reset GPU",
+    "RESTART_BM": "drain node",
+    "CHECK_MECHANICALS": "drain node",
+    "XID_154": "drain node",
+    "CONTACT_SUPPORT": "drain node",
+    "UPDATE_SWFW": "fix node setup",
+}
+"""The project's rung (results/findings.py LADDER) for each catalog bucket (module docstring: why)."""
+
+BUCKET_ADVICE: Mapping[CatalogBucket, str] = {
+    "RESTART_APP": "restart the application; a GPU reset or reboot is not deemed necessary, the GPU is not blamed",
+    "IGNORE": "no action required; the GPU is not blamed (its ECC and remap counters are judged on their own)",
+    "RESTART_VM": "restart the VM that owns the GPU; a GPU reset or reboot is not deemed necessary",
+    "WORKFLOW_XID_45": "with another XID follow that one; a killed or aborted application logs it, the GPU is "
+    "not blamed (solo and unexplained, the catalog says restart the fabric manager)",
+    "XID_154_EVAL": "with an Xid 154 beside it take the action that one names (it is judged on its own); "
+    "without, restart the application",
+    "RESET_GPU": "drain the node and reset the GPU (nvidia-smi -r), then rerun its burn-in",
+    "WORKFLOW_XID_48": "drain the node and reset the GPU (with Xid 63/64: drain and reset); run the field "
+    "diagnostics if it comes back",
+    "WORKFLOW_NVLINK_ERR": "drain the node and reset the GPU (or reboot the node) to clear the NVLink error; "
+    "contact the vendor if it comes back",
+    "WORKFLOW_NVLINK5_ERR": "drain the node and reset the GPU: the line did not decode on the catalog's 'XID "
+    "144-150 Decode' sheet, so it is judged as the sheet's fatal decodes are",
+    "CHECK_UVM": "drain the node and reset the GPU where UVM or vGPU is in use (CUDA applications use UVM)",
+    "RESTART_BM": "drain the node and reboot it; contact support if it comes back",
+    "CHECK_MECHANICALS": "drain the node and check that the GPU is seated and its power connected",
+    "XID_154": "drain the node and do the recovery action the XID 154 line names (GPU reset, node reboot, "
+    "drain P2P)",
+    "CONTACT_SUPPORT": "drain the node and contact your support organization",
+    "UPDATE_SWFW": "update the driver and firmware, then rerun",
+}
+"""What to do about an XID of each catalog bucket (the catalog's "Guidance Classes", and the suite's part)."""
 
 
 @dataclass(frozen=True, slots=True)
 class XidClass:
     xid: int
+    mnemonic: str
+    """The catalog's mnemonic (``ROBUST_CHANNEL_...``)."""
     name: str
-    """The catalog's description, shortened."""
-    bucket: Bucket
-    """The catalog's immediate-action bucket (``RMA``: its investigatory action)."""
+    """The catalog's description."""
+    bucket: CatalogBucket
+    """The catalog's "Resolution Bucket (Immediate Action)", as written."""
+    source: str
+    """Where the bucket comes from: a key of ``xid_catalog.SOURCES``."""
+    decoded: str = ""
+    """For an NVLink5 XID whose line was decoded (`xid_nvlink5`): what the decode read; the bucket is
+    then the decode sheet's."""
 
     @property
-    def application(self) -> bool:
-        return self.bucket == "RESTART_APP"
+    def warning(self) -> bool:
+        """The catalog asks nothing of the GPU: recorded as a warning, never a suspect."""
+        return self.bucket in WARNING_BUCKETS
 
     @property
     def action(self) -> Action:
         """The project's rung (results/findings.py LADDER) for this bucket."""
-        return {"RESTART_APP": "rerun", "RESET_GPU": "reset GPU", "RESTART_BM": "drain node", "RMA": "RMA"}[
-            self.bucket
-        ]
+        return BUCKET_ACTIONS[self.bucket]
 
     @property
     def advice(self) -> str:
-        return {
-            "RESTART_APP": "restart the application; the GPU is not blamed",
-            "RESET_GPU": "drain the node and reset the GPU (nvidia-smi -r), then rerun its burn-in",
-            "RESTART_BM": "drain the node and reboot it; RMA the GPU if it comes back",
-            "RMA": "drain the node: the GPU has no spare memory rows left, return it (RMA)",
-        }[self.bucket]
+        return BUCKET_ADVICE[self.bucket]
+
+    @property
+    def cited(self) -> str:
+        """The full citation of :attr:`source`."""
+        return SOURCES[self.source]
 
 
-def _table(*rows: tuple[int, str, Bucket]) -> Mapping[int, XidClass]:
-    return {xid: XidClass(xid, name, bucket) for xid, name, bucket in rows}
-
-
-XID_CLASSES: Mapping[int, XidClass] = _table(
-    (8, "GPU stopped processing (idle timeout)", "RESTART_APP"),
-    (11, "invalid or corrupted push buffer stream", "RESTART_APP"),
-    (13, "graphics engine exception", "RESTART_APP"),
-    (31, "GPU memory page fault", "RESTART_APP"),
-    (32, "invalid or corrupted push buffer stream (PCIe DMA)", "RESET_GPU"),
-    (38, "driver firmware error", "RESET_GPU"),
-    (43, "GPU stopped processing (software-raised stop)", "RESTART_APP"),
-    (45, "preemptive cleanup, due to previous errors (process killed)", "RESTART_APP"),
-    (48, "double-bit ECC error", "RESET_GPU"),
-    (54, "auxiliary power is not connected", "RESTART_BM"),
-    (61, "internal micro-controller breakpoint/warning", "RESET_GPU"),
-    (62, "internal micro-controller halt", "RESET_GPU"),
-    (63, "ECC page retirement or row remapping recording event", "RESET_GPU"),
-    (64, "ECC page retirement or row remapper recording failure", "RMA"),
-    (74, "NVLink error", "RESET_GPU"),
-    (79, "GPU has fallen off the bus", "RESTART_BM"),
-    (92, "high single-bit ECC error rate", "RESET_GPU"),
-    (94, "contained ECC error (row remap pending)", "RESET_GPU"),
-    (95, "uncontained ECC error", "RESET_GPU"),
-    (109, "context switch timeout", "RESET_GPU"),
-    (119, "GSP RPC timeout", "RESET_GPU"),
-    (120, "GSP error", "RESET_GPU"),
-    (140, "unrecovered ECC error", "RESET_GPU"),
-    (149, "NVLink fatal error", "RESET_GPU"),
-    (154, "GPU recovery action changed", "RESET_GPU"),
-)
-"""XIDs by the catalog's resolution bucket (module docstring: source)."""
+XID_CLASSES: Mapping[int, XidClass] = {
+    xid: XidClass(xid, mnemonic, name, bucket, source)
+    for source, rows in CATALOG_ROWS.items()
+    for xid, mnemonic, name, bucket in rows
+}
+"""XIDs by the catalog's resolution bucket, each citing its source (module docstring)."""
 
 UNKNOWN_ACTION: Action = "drain node"
 """An XID this table does not hold: a suspect, drained and looked at."""
@@ -121,6 +170,19 @@ UNKNOWN_ACTION: Action = "drain node"
 def classify(xid: int) -> XidClass | None:
     """The catalog class of ``xid``, or None for a code this table does not hold (a suspect)."""
     return XID_CLASSES.get(xid)
+
+
+def classify_event(xid: int, line: str | None) -> XidClass | None:
+    """:func:`classify`, with an NVLink5 XID (``WORKFLOW_NVLINK5_ERR``) whose log line decodes on the
+    catalog's "XID 144-150 Decode" sheet given that sheet's bucket."""
+    found = classify(xid)
+    if found is None or found.bucket != "WORKFLOW_NVLINK5_ERR":
+        return found
+    decoded = decode(xid, line or "")
+    if decoded is None or decoded.bucket not in BUCKET_ACTIONS:
+        return found
+    bucket: CatalogBucket = decoded.bucket  # type: ignore[assignment]
+    return dataclasses.replace(found, bucket=bucket, decoded=str(decoded))
 
 
 # ----------------------------------------------------------------------------------- kills
