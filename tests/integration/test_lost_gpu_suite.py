@@ -49,7 +49,7 @@ def test_a_gpu_lost_after_the_run_fails_with_reset_then_rma_and_a_healthy_run_pa
     assert (lost["value"], lost["verdict"]) == (1.0, "fail"), out[-4000:]
     [finding] = findings
     assert (finding["host"], finding["action"], finding["reason"]) == (host, "reset GPU", "hardware"), finding
-    assert LOST.lower() in finding["gpu"] and BUSES[0].lower() not in finding["gpu"], finding
+    assert finding["where"] == f"{host}, GPU 1 ({LOST.lower()})", finding  # that GPU, not its peer
     assert "NVMLError_GpuIsLost" in finding["message"] and "RMA" in finding["message"], finding
     signoff = data["signoff"]
     assert signoff["fit"] is False and f"{host} (reset GPU)" in signoff["why"], signoff
