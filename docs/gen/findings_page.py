@@ -65,7 +65,7 @@ def render_findings() -> str:
             ((code(k), ", ".join(code(n) for n in names)) for k, names in by_class.items()),
         )
     )
-    from pytest_gpucluster.checks.burnin import xid_catalog, xid_classes
+    from pytest_gpucluster.checks.burnin import xid_catalog, xid_classes, xid_recovery
 
     out += [
         "\n## XID classes (`checks/burnin/xid_classes.py`, `checks/burnin/xid_catalog.py`)\n",
@@ -95,5 +95,23 @@ def render_findings() -> str:
         ),
         "\nSources:\n",
         "\n".join(f"- {code(key)}: {cell(text)}" for key, text in xid_catalog.SOURCES.items()) + "\n",
+        "\n### Xid 154: the recovery action its line names (`checks/burnin/xid_recovery.py`)\n",
+        "An Xid 154 line (`GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)`) is "
+        "judged by the code it changed *to* (NVML's `nvmlDeviceGpuRecoveryAction_t`; the words beside it vary "
+        "between drivers), as the bucket below; a code not listed, or a line naming none, keeps `XID_154` "
+        f"(`{xid_classes.BUCKET_ACTIONS['XID_154']}`).\n",
+        table(
+            ("code", "NVML action", "judged as", "action", "what NVIDIA asks"),
+            (
+                (
+                    f"0x{a.code:x}",
+                    code(a.nvml),
+                    code(a.bucket),
+                    code(xid_classes.BUCKET_ACTIONS[a.bucket]),
+                    cell(a.asks),
+                )
+                for a in xid_recovery.RECOVERY_ACTIONS.values()
+            ),
+        ),
     ]
     return "\n".join(out)

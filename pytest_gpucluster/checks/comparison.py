@@ -9,8 +9,8 @@ settings, both read here with the same arithmetic:
   (:func:`shm_vs_gloo`).
 
 Every side is kept as the bus bandwidth (bytes/s) of each timed repeat per message size, so
-the ratio of the medians is the headline number and the paired per-repeat ratios show the
-noise. Pure: no torch, no pytest, no launching (``plans/nvlink.py`` says what runs).
+the ratio of the medians (of the best repeats for the CPU shm path, `shm_vs_gloo`) is the headline
+number and the paired per-repeat ratios show the noise. Pure: no torch, no pytest, no launching (``plans/nvlink.py`` says what runs).
 """
 
 from __future__ import annotations
@@ -42,18 +42,26 @@ class RatioPoint:
     size_bytes: int
     fast: tuple[float, ...]
     slow: tuple[float, ...]
+    best: bool = False
+    """Each side's best repeat stands for it instead of its median: for a path that other work can
+    only slow, never speed up, and that a busy machine slows by whole time slices (the CPU shm
+    op spins while its peer is off-core; `shm_vs_gloo` says why)."""
+
+    def _side(self, repeats: tuple[float, ...]) -> float:
+        return max(repeats) if self.best else statistics.median(repeats)
 
     @property
     def fast_busbw(self) -> float:
-        return statistics.median(self.fast)
+        return self._side(self.fast)
 
     @property
     def slow_busbw(self) -> float:
-        return statistics.median(self.slow)
+        return self._side(self.slow)
 
     @property
     def ratio(self) -> float:
-        """Median busbw of the fast side over that of the slow side (inf if the slow side measured 0)."""
+        """Fast side's busbw over the slow side's, each its median (its best with ``best``); inf if
+        the slow side measured 0."""
         slow = self.slow_busbw
         return self.fast_busbw / slow if slow > 0 else float("inf")
 
@@ -125,8 +133,10 @@ def pair(
     slow_name: str,
     sizes: Iterable[int] | None = None,
     origin: str = "",
+    best: bool = False,
 ) -> Comparison:
-    """Join two sides measured at the same sizes (``sizes``: only these, in this order)."""
+    """Join two sides measured at the same sizes (``sizes``: only these, in this order); ``best``:
+    each side's best repeat stands for it (`RatioPoint.best`)."""
     wanted = sorted(set(fast) & set(slow)) if sizes is None else [int(s) for s in sizes]
     points = []
     for size in wanted:
@@ -134,7 +144,7 @@ def pair(
             if not side.get(size):
                 have = ", ".join(size_text(s) for s in sorted(side)) or "none"
                 raise ValueError(f"{name} has no measurement at {size_text(size)} (it has {have})")
-        points.append(RatioPoint(size, tuple(map(float, fast[size])), tuple(map(float, slow[size]))))
+        points.append(RatioPoint(size, tuple(map(float, fast[size])), tuple(map(float, slow[size])), best))
     if not points:
         raise ValueError(f"{fast_name} and {slow_name} were measured at no common message size")
     return Comparison(fast_name, slow_name, tuple(points), origin)
@@ -149,7 +159,12 @@ def shm_vs_gloo(rank_values: Sequence[Mapping[str, Any]], sizes: Iterable[int] |
     """The comparison in the values of a ``shm_allreduce:compare`` job (fast: shm, slow: gloo).
 
     Per repeat, each side's time is averaged over the ranks (as ``summarize_compare`` does),
-    then turned into all_reduce busbw: size / time x 2(n-1)/n.
+    then turned into all_reduce busbw: size / time x 2(n-1)/n. Each side's best repeat stands for
+    it (``best``): the shm op spins while it waits for its peer, so on 2 vCPUs any third runnable
+    process costs a repeat a whole time slice and the repeats split into fast ones and ones 10x
+    slower. 18 healthy acceptance runs on the 2-core CI VM (benchmarks/gate_noise.py, kept runs):
+    median over median 1.57-10.1x, best over best 4.1-6.8x (best shm 6.1-7.1 GB/s in every run). A
+    shm path as slow as gloo is as slow at its best: the ratio still reads ~1.
     """
     if not rank_values:
         raise ValueError("the shm vs gloo job returned no rank values")
@@ -177,5 +192,6 @@ def shm_vs_gloo(rank_values: Sequence[Mapping[str, Any]], sizes: Iterable[int] |
         fast_name="shm",
         slow_name="gloo",
         sizes=sizes,
-        origin=f"one job of {n} ranks on {host}, shm and gloo interleaved repeat by repeat",
+        origin=f"one job of {n} ranks on {host}, shm and gloo interleaved repeat by repeat, each side's best repeat",
+        best=True,
     )

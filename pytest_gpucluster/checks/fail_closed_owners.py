@@ -191,7 +191,7 @@ OWNERS: dict[str, Rule] = {
     **{
         f"readiness.{key}": _READINESS
         for key in (
-            "fabric_manager", "max_sxid_fatal", "gpudirect_rdma", "min_memlock", "acs_disabled",
+            "fabric_manager", "nvlink_domain", "max_sxid_fatal", "gpudirect_rdma", "min_memlock", "acs_disabled",
             "iommu_passthrough", "max_pending_row_remaps", "max_row_remap_failures", "max_retired_pages",
             "persistence_mode", "max_stuck_processes", "max_aer_fatal", "pcie_full_width",
         )

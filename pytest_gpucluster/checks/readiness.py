@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from pytest_gpucluster.checks.readiness_domain import Scope, judge_domains
 from pytest_gpucluster.cluster.node_facts import ClusterFacts, NodeFacts
 from pytest_gpucluster.cluster.preflight import PreflightFinding
 from pytest_gpucluster.cluster.readiness import NodeReadiness
@@ -58,6 +59,11 @@ REMEDIES: Mapping[str, Remedy] = {
         "node setup", "fix node setup",
         "start nvidia-fabricmanager; the GPU joins the fabric once it has configured the NVSwitches",
         "GPU not in the NVLink fabric", NVLINK_SYMPTOMS),
+    "readiness.nvlink_domain": Remedy(
+        "node setup", "fix node setup",
+        "put the node's GPUs in the NVLink domain the others are in: check its NVLink Switch tray and Fabric "
+        "Manager / IMEX configuration (nvidia-smi -q: Fabric ClusterUUID, CliqueId), then rerun",
+        "GPU in another NVLink domain", NVLINK_SYMPTOMS),
     "readiness.sxid_fatal": Remedy(
         "hardware", "drain node", "drain the node, reset the GPUs and NVSwitches (reboot), rerun; RMA the baseboard if it returns",
         "fatal NVSwitch SXid", NVLINK_SYMPTOMS),
@@ -362,7 +368,22 @@ def readiness_checks(facts: ClusterFacts, profile: ProfileModel) -> list[Check]:
         if cfg.max_stuck_processes is not None:
             checks += _stuck(node, r, profile, cfg.max_stuck_processes)
         checks += _pcie(node, r, profile)
+    if cfg.nvlink_domain:
+        checks += _domains(facts, profile, cfg.nvlink_domain)
     return checks
+
+
+def _domains(facts: ClusterFacts, p: ProfileModel, scope: Scope) -> list[Check]:
+    """``readiness.nvlink_domain``: the nodes' fabric ClusterUUID/CliqueId agree (`readiness_domain`)."""
+    nodes = [(n.host, n.readiness.gpus if n.readiness else None,
+              n.readiness.why.get("gpus", "") if n.readiness else "no readiness")
+             for n in facts.nodes if not n.error and n.readiness is not None]  # fmt: skip
+    return [
+        _unmeasured("readiness.nvlink_domain", p, "nvlink_domain", v.host, v.said)
+        if v.ok is None
+        else _ok("readiness.nvlink_domain", v.ok, p, "nvlink_domain", v.host, v.said)
+        for v in judge_domains(nodes, scope)
+    ]
 
 
 def readiness_causes(checks: Iterable[Check]) -> dict[str, list[tuple[Remedy, str]]]:

@@ -152,7 +152,8 @@ def shm_vs_gloo_part(profile: ProfileModel, settings: Any = None) -> Part:
         "warmup": 3,
         "iters": 10,
         # The shm op spins while it waits for its peer: one preempted span reads 5x off on 2 vCPUs.
-        # Cheap spans (10 calls of 1-4 MiB), so many of them: the median of 15 holds where 5 did not.
+        # Cheap spans (10 calls of 1-4 MiB), so many of them: each side's best of 15 is one that ran
+        # with nothing in its way (checks/comparison.shm_vs_gloo), on a busy machine too.
         "repeat": max(profile.collectives.repeat, SHM_REPEATS),
         "dtype": "float32",
     }

@@ -25,6 +25,17 @@ class ReadinessSection(Section):
         "active and every GPU's NVML fabric state is Completed with status Success. Without it CUDA has "
         "no NVLink peer access (error 802, 'system not yet initialized'). Action: start nvidia-fabricmanager.",
     )
+    nvlink_domain: Literal["node", "cluster"] | None = Field(
+        None,
+        description="Multi-node NVLink (GB200 NVL72 and later): the NVLink domain each GPU is in, its fabric "
+        "ClusterUUID and CliqueId (nvidia-smi -q 'Fabric', driver 550+), agrees across the GPUs of each node "
+        "('node'), or across every GPU of the run ('cluster': the nodes form one NVLink domain, as the trays of "
+        "one NVL72 rack). NCCL joins GPUs over multi-node NVLink only when both agree; a tray in another "
+        "partition, or in none, talks to the others over the network without an error. A node whose GPUs report "
+        "no fabric (PCIe, no NVSwitch) needs none: not needed; an all-zero ClusterUUID (a single-node NVSwitch "
+        "fabric) is no multi-node domain. Action: fix node setup (the tray's NVLink Switch, Fabric Manager and "
+        "IMEX configuration).",
+    )
     max_sxid_fatal: int | None = Field(
         None,
         ge=0,

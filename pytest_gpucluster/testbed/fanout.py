@@ -3,7 +3,12 @@
 There is no 512-node cluster here, so the report's scale is measured on a real run's results made
 fleet-sized: every value that names a host is repeated on each node (one per GPU where it names a
 rank), centred on the median of the real run's values of the same point with ±``noise`` uniform
-noise; cluster-level values (no host) stay as they were. Two faults can be planted, the way the
+noise; cluster-level values (no host) stay as they were. Only continuous readings get noise: a
+value checked for equality (``==``), a boolean (unit ``bool``), a counter with a zero ceiling
+(``<= 0``) and a point whose every real value is a whole number (GPU counts, PCIe generation and
+lanes, clocks and temperatures NVML reads as integers, error counts) are repeated exactly, their
+centre the real run's lower median, so a fanned healthy node reads what a real healthy node reads
+(1 GPU, not 0.9956) and passes the checks the real one passed. Two faults can be planted, the way the
 report must show them: one slow GPU (its matmul at ``slow_factor`` of the centre) and one failed
 port (its error counter ``port_errors`` above a zero threshold). The tests whose values now fail
 fail (category performance, the first failure's sentence as message); those that failed in the
@@ -53,6 +58,15 @@ def _point(data: Mapping[str, Any]) -> str:
     return f"{data['metric']}|{data.get('scope') or ''}|{rest}"
 
 
+def _discrete(data: Mapping[str, Any], real: list[float]) -> bool:
+    """Whether a point's values are exact readings that noise must not move (module docstring)."""
+    if data.get("comparison") == "==" or data.get("unit") == "bool":
+        return True
+    if data.get("comparison") == "<=" and data.get("threshold") == 0:
+        return True
+    return bool(real) and all(float(v).is_integer() for v in real)
+
+
 def _scaled(data: dict[str, Any], factor: float) -> dict[str, Any]:
     out = dict(data)
     if isinstance(out.get("value"), (int, float)) and out.get("unit") != "bool":
@@ -94,9 +108,15 @@ def fan_out(
     for m in source:
         if isinstance(m.get("value"), (int, float)):
             centres[_point(m)].append(float(m["value"]))
-    centre = {k: statistics.median(v) for k, v in centres.items()}
+    discrete = {
+        _point(m)
+        for m in source
+        if isinstance(m.get("value"), (int, float)) and _discrete(m, centres[_point(m)])
+    }
+    centre = {
+        k: (statistics.median_low if k in discrete else statistics.median)(v) for k, v in centres.items()
+    }
     names = [node_name(i) for i in range(nodes)]
-    slow_node, port_node = names[nodes // 3] if plant else None, names[(2 * nodes) // 3] if plant else None
     slow_gpu = str(min(gpus_per_node - 1, gpus_per_node // 2 + 1))
     slow_metric = next(
         (
@@ -117,6 +137,8 @@ def fan_out(
         ),
         None,
     )
+    slow_node = names[nodes // 3] if plant and slow_metric else None
+    port_node = names[(2 * nodes) // 3] if plant and port_metric else None
     out: list[dict[str, Any]] = []
     seen_per_rank: set[str] = set()
     port_name: str | None = None
@@ -129,7 +151,12 @@ def fan_out(
         point = _point(m)
         real = centre.get(point)
         base = dict(m) if real is None else {**m, "value": real}
-        if real is not None and isinstance(m.get("value"), (int, float)) and m["value"]:
+        if (
+            real is not None
+            and point not in discrete
+            and isinstance(m.get("value"), (int, float))
+            and m["value"]
+        ):
             base = _scaled(dict(m), real / m["value"])
         if "rank" in labels:
             if point in seen_per_rank:
@@ -138,6 +165,8 @@ def fan_out(
             for n, node in enumerate(names):
                 for g in range(gpus_per_node):
                     factor = 1 + noise * rng.uniform(-1, 1)
+                    if point in discrete:
+                        factor = 1.0
                     if (node, str(g), m["metric"]) == (slow_node, slow_gpu, slow_metric):
                         factor = slow_factor
                     copy_ = _scaled(base, factor)
@@ -145,7 +174,8 @@ def fan_out(
                     out.append(_verdict(copy_))
             continue
         for node in names:
-            copy_ = _scaled(base, 1 + noise * rng.uniform(-1, 1))
+            factor = 1 + noise * rng.uniform(-1, 1)
+            copy_ = _scaled(base, 1.0 if point in discrete else factor)
             copy_["labels"] = {**labels, host_key: node}
             if node == port_node and m["metric"] == port_metric and port_name is None:
                 copy_["value"] = port_errors

@@ -10,7 +10,8 @@ reaches it. The session must
   aside with its reason and action, and run every job on the three others, in bounded time;
 - record per-node burn-in measurements for the three healthy nodes, and sign NOT FIT naming that
   node alone; the results line says ``measured on 3 of 4 nodes; set aside: <node> (...)``;
-- with ``--gpucluster-exclude <node>``, the same run signs FIT, the exclusion recorded.
+- with ``--gpucluster-exclude <node>``, the inventory and burn-in of the same tier sign FIT on the
+  three, the exclusion recorded.
 """
 
 from __future__ import annotations
@@ -94,10 +95,20 @@ def test_a_cut_node_is_set_aside_named_and_the_others_measured_then_excluded_fit
         assert failed == ["gpucluster::set-aside"], [o for o in data["outcomes"] if o["outcome"] == "failed"]
         print(f"cut link: {took:.1f} s, {len(data['measurements'])} values, {line}")
 
-        done, data, took = _run(bed, tmp_path / "excluded", hostfile, profiles, f"--gpucluster-exclude={cut}")
+        # Excluded: the same nodes, but only the inventory and the per-node burn-in (the cut run above
+        # already showed every quick-tier check passing on the three): what is new here is the
+        # exclusion, decided before the probe, and a FIT verdict on measured values.
+        done, data, took = _run(
+            bed, tmp_path / "excluded", hostfile, profiles, f"--gpucluster-exclude={cut}",
+            "-k", "test_inventory or test_rank_health_cpu",
+        )  # fmt: skip
         out = done.stdout + done.stderr
         assert done.returncode == 0, out[-5000:]
         assert data["signoff"]["fit"] is True, data["signoff"]
+        burnin_hosts = {
+            m["labels"].get("host") for m in data["measurements"] if m["metric"].startswith("burnin.")
+        }
+        assert set(healthy) <= burnin_hosts and cut not in burnin_hosts, burnin_hosts
         assert data["nodes_used"]["excluded"] == [cut] and data["nodes_used"]["set_aside"] == []
         assert data["settings"]["gpucluster_exclude"]["value"] == [cut]
         assert f"measured on 3 of 4 nodes; excluded (--gpucluster-exclude): {cut}" in out

@@ -1,35 +1,28 @@
 """A real single-node Slurm (Debian's slurm-wlm), started here, runs jobs through the slurm launcher.
 
-The ``slurm_cluster`` fixture writes a slurm.conf into a temp directory (free ports, its own
-state and spool directories, ``auth/none``: no munge key to share, fine in a sandbox only),
-starts slurmctld and slurmd in the foreground, waits until the node is idle, and in its
-finalizer cancels every job, stops both daemons and kills whatever still carries its
-``SLURM_CONF`` (slurmstepd, ranks). It skips, saying why, when a binary is missing or a daemon
-does not come up. The node claims 8 CPUs (``config_overrides``) so that an allocation and a
-job of its own fit side by side on a 2-core machine, and 8 GPUs as generic resources
-(``Gres=gpu:8``): Slurm accounts for them and hands them to steps that ask, which is the GPU
-request path of a CUDA profile, end to end. Slurm 22.05 drops GPUs without device files from
-gres.conf (its slurmd logs "Removing file-less GPU gpu:(null) from final GRES list"), so the
-gres.conf names eight character devices made with ``mknod`` in the temp directory (the
-major/minor of /dev/null): Slurm only stats them here (``TaskPlugin=task/none``: no cgroup
-device binding), and sets ``CUDA_VISIBLE_DEVICES`` per step as it would on a GPU node.
+The ``slurm_cluster`` fixture writes a slurm.conf into a temp directory (`slurm_daemons.write_conf`:
+free ports, its own state and spool directories, ``auth/none``), starts slurmctld and slurmd in the
+foreground, waits until the node is idle, and in its finalizer cancels every job, stops both daemons
+and kills whatever still carries its ``SLURM_CONF`` (slurmstepd, ranks). It skips, saying why, when a
+binary is missing or a daemon does not come up. The node claims 8 CPUs (``config_overrides``) so
+that an allocation and a job of its own fit side by side on a 2-core machine, and 8 GPUs as generic
+resources (``Gres=gpu:8``, over `slurm_daemons.gpu_devices`' stand-in device files): Slurm accounts
+for them and hands them to steps that ask, which is the GPU request path of a CUDA profile, end to end.
 """
 
 from __future__ import annotations
 
-import contextlib
-import getpass
 import os
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from slurm_daemons import SBIN, SlurmClient, pids_with_env, require_slurm, start_daemon, stop, write_conf
 
 from pytest_gpucluster.cluster.spec import ClusterSpec
 from pytest_gpucluster.errors import GpuClusterWarning
@@ -39,7 +32,6 @@ from pytest_gpucluster.launch.slurm import cancel_by_name, find_ids
 from pytest_gpucluster.workloads import _worker, basic
 
 REPO = Path(__file__).parents[2]
-SBIN = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/local/sbin"])
 TOOLS = ("slurmctld", "slurmd", "srun", "salloc", "sinfo", "squeue", "scancel")
 
 
@@ -49,172 +41,50 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _pids_with_env(needle: str) -> list[int]:
-    """Processes whose environment holds ``needle`` (``SLURM_CONF=<ours>``), never this one."""
-    want = needle.encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as handle:
-                if want in handle.read().split(b"\0"):
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
-
-
-def _tail(path: Path, lines: int = 8) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-CONF = """\
-ClusterName=gc{suffix}
-SlurmctldHost={node}(127.0.0.1)
-SlurmctldPort={ctld_port}
-SlurmdPort={d_port}
-SlurmUser={user}
-SlurmdUser={user}
-AuthType=auth/none
-CredType=cred/none
-MpiDefault=none
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SlurmdParameters=config_overrides
-GresTypes=gpu
-ReturnToService=2
-MailProg=/bin/true
-KillWait=5
-StateSaveLocation={dir}/state
-SlurmdSpoolDir={dir}/spool
-SlurmctldPidFile={dir}/slurmctld.pid
-SlurmdPidFile={dir}/slurmd.pid
-SlurmctldLogFile={dir}/slurmctld.log
-SlurmdLogFile={dir}/slurmd.log
-NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} Gres=gpu:8 State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-"""
-
-
-class SlurmCluster:
-    def __init__(self, directory: Path, node: str, conf: Path) -> None:
-        self.dir = directory
+class SlurmCluster(SlurmClient):
+    def __init__(self, directory: Path, node: str) -> None:
+        super().__init__(directory, {**os.environ, "SLURM_CONF": str(directory / "slurm.conf"), "PATH": SBIN})
         self.node = node
-        self.conf = conf
-        self.env = {**os.environ, "SLURM_CONF": str(conf), "PATH": SBIN}
-
-    def run(self, *argv: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            argv, env=self.env, capture_output=True, text=True, timeout=timeout, check=False
-        )
-
-    def jobs(self) -> list[str]:
-        return self.run("squeue", "--noheader", "--format=%A %j %T").stdout.splitlines()
-
-    def steps(self) -> list[str]:
-        return self.run("squeue", "--noheader", "--steps", "--format=%i %j").stdout.splitlines()
-
-    def wait_until(self, check, seconds: float = 15.0) -> bool:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            if check():
-                return True
-            time.sleep(0.2)
-        return check()
-
-
-def _stop(procs: list[subprocess.Popen], cluster: SlurmCluster | None, conf: Path) -> None:
-    if cluster is not None:
-        with contextlib.suppress(Exception):
-            cluster.run("scancel", f"--user={getpass.getuser()}", timeout=10)
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    # slurmstepd and ranks daemonize away from slurmd: find them by the SLURM_CONF they carry.
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in _pids_with_env(f"SLURM_CONF={conf}"):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        end = time.monotonic() + 3
-        while _pids_with_env(f"SLURM_CONF={conf}") and time.monotonic() < end:
-            time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
 def slurm_cluster(tmp_path_factory):
-    missing = [tool for tool in TOOLS if shutil.which(tool, path=SBIN) is None]
-    if missing:
-        pytest.skip(
-            f"Slurm is not installed here ({', '.join(missing)} not found); apt-get install slurm-wlm"
-        )
+    require_slurm(TOOLS)
     if not os.path.isdir("/sys/fs/cgroup"):
         pytest.skip("slurmd needs /sys/fs/cgroup, which is not mounted here")
     directory = tmp_path_factory.mktemp("slurm")
-    for sub in ("state", "spool"):
-        (directory / sub).mkdir()
     node = socket.gethostname().split(".")[0]
-    conf = directory / "slurm.conf"
-    devices = directory / "dev"
-    devices.mkdir()
-    for index in range(8):  # stand-ins for /dev/nvidia0..7 (see the module docstring)
-        os.mknod(devices / f"nvidia{index}", 0o644 | stat.S_IFCHR, os.makedev(1, 3))
-    (directory / "gres.conf").write_text(f"NodeName={node} Name=gpu File={devices}/nvidia[0-7]\n")
-    conf.write_text(
-        CONF.format(
-            suffix=os.getpid(),
-            node=node,
-            ctld_port=_free_port(),
-            d_port=_free_port(),
-            user=getpass.getuser(),
-            dir=directory,
-            cpus=max(os.cpu_count() or 1, 8),
-        )
+    write_conf(
+        directory,
+        cluster=f"gc{os.getpid()}",
+        controller=(node, "127.0.0.1"),
+        nodes=[(node, "127.0.0.1")],
+        ports=(_free_port(), _free_port()),
+        cpus=max(os.cpu_count() or 1, 8),
     )
-    cluster = SlurmCluster(directory, node, conf)
-    procs: list[subprocess.Popen] = []
+    cluster = SlurmCluster(directory, node)
+    procs = []
     try:
         for daemon, extra in (("slurmctld", ["-i"]), ("slurmd", ["-N", node])):
-            with open(directory / f"{daemon}.out", "wb") as out:
-                procs.append(
-                    subprocess.Popen(
-                        [shutil.which(daemon, path=SBIN), "-D", "-f", str(conf), *extra],
-                        env=cluster.env,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                )
-        idle = cluster.wait_until(lambda: cluster.run("sinfo", "-h", "-o", "%t").stdout.strip() == "idle", 30)
-        if not idle:
+            argv = [shutil.which(daemon, path=SBIN), "-D", "-f", str(cluster.conf), *extra]
+            procs.append(start_daemon(argv, cluster.env, directory / f"{daemon}.out"))
+        if not cluster.wait_idle(1, 30):
             dead = [f"{p.args[0]} exited with {p.returncode}" for p in procs if p.poll() is not None]
             state = cluster.run("sinfo", "-h", "-o", "%t %E").stdout.strip() or "no answer"
             pytest.skip(
                 f"the test Slurm did not become idle in 30 s (node state: {state}; {'; '.join(dead)})\n"
-                f"slurmctld.log:\n{_tail(directory / 'slurmctld.log')}\nslurmd.log:\n{_tail(directory / 'slurmd.log')}"
+                f"slurmctld.log:\n{cluster.log('slurmctld.log', 8)}\n"
+                f"slurmd.log:\n{cluster.log(f'slurmd-{node}.log', 8)}"
             )
         with pytest.MonkeyPatch.context() as mp:
             # An outer allocation (CI inside Slurm) must not leak into this cluster's commands.
             for key in [k for k in os.environ if k.startswith("SLURM_")]:
                 mp.delenv(key)
-            mp.setenv("SLURM_CONF", str(conf))
+            mp.setenv("SLURM_CONF", str(cluster.conf))
             mp.setenv("PATH", SBIN)
             yield cluster
     finally:
-        _stop(procs, cluster, conf)
+        stop(procs, cluster, cluster.conf)
 
 
 @pytest.fixture(scope="module")
@@ -232,7 +102,7 @@ def allocation(slurm_cluster):
 
 
 def _no_worker_left(job_id: str) -> bool:
-    return _pids_with_env(f"GPUCLUSTER_JOB_ID={job_id}") == []
+    return pids_with_env(f"GPUCLUSTER_JOB_ID={job_id}") == []
 
 
 def test_agent_mode_allocates_its_own_job_and_gets_the_sum(slurm_cluster, tmp_path):

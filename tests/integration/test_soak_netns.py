@@ -4,8 +4,6 @@ Each test runs the acceptance file as a user does (a pytest of its own, in a sub
 ``--hostfile`` naming two namespaces of `pytest_gpucluster.testbed.netns` and the ``netns``
 remote-exec template, one gloo rank per node) and reads what that run wrote to results.json:
 
-- **healthy**: the soak of the inter-node all_reduce point passes, and so do the fabric counters
-  read before and after it;
 - **link cut half-way**: when rank 0's progress line says half the soak has gone, the first node's
   link is throttled to 500 Mbit/s (``tc tbf``, both ways). The soak fails naming the node pair, and
   the recorded series shows the drop: samples before the cut above the floor, samples after it at
@@ -14,7 +12,8 @@ remote-exec template, one gloo rank per node) and reads what that run wrote to r
   one NCCL may use) behind a deliberately tiny tbf queue; half-way through, a burst of UDP overflows
   it. The queue's drops (``qdisc_drops``: on this kernel tbf drops show only there, never in
   /sys/class/net statistics) grow, and test_fabric_after fails naming that node and ``gpc1``, while
-  the soak itself, on ``gpc0``, passes.
+  the soak itself, on ``gpc0``, passes, and so do the fabric counters of both nodes' ``gpc0``: this
+  run is the healthy case too (a healthy run of its own cost CI another ~30 s).
 
 The soak lasts ``GPUCLUSTER_TEST_SOAK`` (default 10s, to keep CI short; the issue's 1-minute version
 is ``GPUCLUSTER_TEST_SOAK=1m``). Each run costs the soak plus ~45 s of launches on the 2-core VM.
@@ -161,22 +160,6 @@ def _pair(bed: NetnsTestbed) -> str:
     return f"{bed.names[0]}<->{bed.names[1]}"
 
 
-def test_a_soak_between_two_healthy_namespace_nodes_passes(bed: NetnsTestbed, tmp_path: Path) -> None:
-    start = time.monotonic()
-    run = _soak(bed, tmp_path)
-    print(f"--gpucluster-soak={SOAK}: {time.monotonic() - start:.0f} s")
-
-    assert run.returncode == 0, run.output
-    (lowest,) = run.rows("burnin.soak.busbw_min")
-    assert lowest["verdict"] == "pass" and lowest["labels"]["pair"] == _pair(bed)
-    assert lowest["spread"]["n"] == len(lowest["spread"]["times"]) >= 5
-    (cv,) = run.rows("burnin.soak.busbw_cv")
-    assert cv["verdict"] == "pass"
-    fabric = run.rows("fabric.error_increase")
-    assert sorted(m["labels"]["node"] for m in fabric) == sorted(bed.names)
-    assert all(m["verdict"] == "pass" and m["labels"]["device"] == INTERFACE for m in fabric)
-
-
 def test_a_link_cut_half_way_fails_the_soak_naming_the_pair_and_the_series_shows_it(
     bed: NetnsTestbed, tmp_path: Path
 ) -> None:
@@ -232,8 +215,19 @@ def test_queue_drops_that_grow_during_the_soak_fail_naming_node_and_interface(
           f"{time.monotonic() - start:.0f} s")  # fmt: skip
 
     assert run.acted_at is not None and run.progress_after_action, "the blast did not run during the soak"
-    assert run.outcome("test_soak") == "passed", run.output  # the soak's own link stayed healthy
-    assert run.outcome("test_fabric_after") == "failed"
+    # The healthy soak: the soak's own link (gpc0) stayed healthy, so the soak passes on the pair and
+    # so does everything else but test_fabric_after (this run is the healthy case's too: a run of its
+    # own, without the side link, would repeat it for another ~30 s of CI).
+    assert run.outcome("test_soak") == "passed", run.output
+    failed = [t["test_id"] for t in run.results["outcomes"] if t["outcome"] == "failed"]
+    assert [t.rpartition("::")[2] for t in failed] == ["test_fabric_after"], failed
+    (lowest,) = run.rows("burnin.soak.busbw_min")
+    assert lowest["verdict"] == "pass" and lowest["labels"]["pair"] == _pair(bed)
+    assert lowest["spread"]["n"] == len(lowest["spread"]["times"]) >= 5
+    (cv,) = run.rows("burnin.soak.busbw_cv")
+    assert cv["verdict"] == "pass"
+    soak_link = [m for m in run.rows("fabric.error_increase") if m["labels"]["device"] == INTERFACE]
+    assert sorted(m["labels"]["node"] for m in soak_link) == sorted(bed.names), soak_link
     fabric = {(m["labels"]["node"], m["labels"]["device"], m["labels"]["counter"]): m
               for m in run.rows("fabric.error_increase")}  # fmt: skip
     (drops,) = [m for m in run.rows("fabric.drops") if (m["labels"]["node"], m["labels"]["device"],

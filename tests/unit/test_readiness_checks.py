@@ -257,7 +257,7 @@ def test_the_real_h200_vm_is_ready_for_its_part_profile_and_names_what_a_site_pr
     part = readiness_checks(cluster, load_profile("h200-sxm").model)
     assert part and not _failed(part)
     assert {c.metric: c.verdict for c in part if "NVSwitch" in c.hint} == {
-        "readiness.fabric_manager": "pass", "readiness.sxid_fatal": "pass"
+        "readiness.fabric_manager": "pass", "readiness.sxid_fatal": "pass", "readiness.nvlink_domain": "pass"
     }  # fmt: skip
     h200 = load_profile("h200-sxm").model
     measured = _measured(part, "acceptance/test_inventory.py::test_node_readiness")

@@ -23,8 +23,9 @@ def test_a_node_whose_sysfs_and_procfs_cannot_be_read_is_not_measured_not_health
     judged = [
         c for c in checks if c.metric != "readiness.sxid_fatal"
     ]  # this machine's own kernel log is read
-    assert len(judged) == 11 and all(c.failed and c.problem == "not measured" for c in judged)
+    assert len(judged) == 12 and all(c.failed and c.problem == "not measured" for c in judged)
     assert {c.metric for c in judged} >= {"readiness.gpudirect_rdma", "readiness.memlock", "readiness.iommu",
-                                          "readiness.acs", "readiness.persistence_mode", "readiness.pcie_width"}  # fmt: skip
+                                          "readiness.acs", "readiness.persistence_mode", "readiness.pcie_width",
+                                          "readiness.nvlink_domain"}  # fmt: skip
     [gdr] = [c for c in judged if c.metric == "readiness.gpudirect_rdma"]
     assert f"{tmp_path / 'no-sys' / 'module'} is not readable" in gdr.hint

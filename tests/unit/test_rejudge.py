@@ -34,9 +34,8 @@ def _fleet(tmp_path: Path, source: Path, gpus: int, cut: tuple[str, str] | None,
 def test_the_real_h200_run_fanned_to_8_nodes_signs_not_fit_when_one_gpu_lost_its_values(tmp_path, capsys):
     """The real H200 quick run (one node, one GPU), fanned out to 8 such nodes: whole, nothing is
     missing; with every measurement of node004's GPU 0 removed, the report names it."""
-    # no noise: the fan-out's noise would move counts (1 GPU per node) off their exact thresholds
-    full = _fleet(tmp_path, H200_RUN, 1, None, noise=0.0)
-    cut = _fleet(tmp_path, H200_RUN, 1, ("node004", "0"), noise=0.0)
+    full = _fleet(tmp_path, H200_RUN, 1, None)
+    cut = _fleet(tmp_path, H200_RUN, 1, ("node004", "0"))
     assert rejudge(read_results(full)).coverage.to_json()["not_measured_where"] == []
     missing = rejudge(read_results(cut)).coverage.to_json()["not_measured_where"]
     assert {(w["host"], w["gpu"]) for w in missing} == {("node004", "0")}
@@ -83,3 +82,44 @@ def test_every_shipped_profile_survives_its_snapshot():
     for name in known_profiles():
         model = load_profile(name).model
         assert profile_of_snapshot(json.loads(json.dumps(snapshot(model))), name) == model, name
+
+
+def test_the_real_h200_quick_run_fanned_with_noise_signs_fit_and_a_planted_slow_gpu_is_found(
+    tmp_path, capsys
+):
+    """testbed/fanout.py puts noise on continuous readings only: the real H200 quick-tier results
+    fanned to 8 such nodes (1 GPU each, as the real node) with the default ±2% noise keep every count,
+    equality, boolean and zero-ceiling value exact (1 GPU, not 0.9956), so the report signs FIT; the
+    same fleet with one GPU's matmul planted at 0.5 of the centre (below the profile's floor) signs
+    NOT FIT naming that node with "reset GPU"."""
+    real = json.loads(H200_RUN.read_text())
+    healthy, _ = fan_out(real, 8, 1, plant=False)
+    exact = [m for m in healthy["measurements"] if m.get("comparison") == "==" or m.get("unit") == "bool"]
+    assert exact and all(float(m["value"]).is_integer() for m in exact)
+    gpus = {m["value"] for m in healthy["measurements"] if m["metric"] == "inventory.gpus_per_node"}
+    assert gpus == {1.0}
+    matmul = [m["value"] for m in healthy["measurements"] if m["metric"] == "burnin.gpu_matmul"]
+    assert len(set(matmul)) == 8 and max(matmul) / min(matmul) > 1.001  # continuous values still vary
+    assert [m for m in healthy["measurements"] if m.get("verdict") == "fail"] == []
+    path = tmp_path / "healthy" / "results.json"
+    path.parent.mkdir()
+    path.write_text(dumps(healthy))
+    assert cli.main(["report", str(path)]) == 0
+    capsys.readouterr()
+    assert "**FIT:" in (path.parent / "report.md").read_text()
+
+    planted, where = fan_out(real, 8, 1, slow_factor=0.5)
+    assert (where.slow_node, where.slow_gpu, where.slow_metric, where.port_node) == (
+        "node003",
+        "0",
+        "burnin.gpu_matmul",
+        None,  # the quick tier records no per-port error counter: no port planted
+    )
+    path = tmp_path / "planted" / "results.json"
+    path.parent.mkdir()
+    path.write_text(dumps(planted))
+    assert cli.main(["report", str(path)]) == 0
+    report = (path.parent / "report.md").read_text()
+    assert "**NOT FIT" in report and "1 of 8 node(s) fail: node003" in report
+    row = next(line for line in report.splitlines() if line.startswith("| node003 |"))
+    assert "burnin.gpu_matmul" in row and "reset GPU" in row

@@ -26,8 +26,14 @@ as written (:attr:`XidClass.bucket`); :data:`BUCKET_ACTIONS` says what the suite
   the sheet's fatal decodes are, RESET_GPU) and ``CHECK_UVM`` (RESET_GPU where UVM is in use, as
   CUDA applications do);
 - a suspect with "drain node" for ``RESTART_BM`` (reboot the node), ``CHECK_MECHANICALS`` (check the
-  GPU's seating and connections), ``XID_154`` (the line itself names the recovery action) and
-  ``CONTACT_SUPPORT``; "fix node setup" for ``UPDATE_SWFW``.
+  GPU's seating and connections), ``XID_154`` and ``CONTACT_SUPPORT``; "fix node setup" for
+  ``UPDATE_SWFW``.
+
+An Xid 154 line names the recovery action the GPU needs (NVML's ``nvmlDeviceGpuRecoveryAction_t``
+code, `xid_recovery`): it is judged by that action, as the bucket whose rung fits it (0x0 None:
+IGNORE, a warning; 0x1 GPU reset, 0x4 drain and reset, 0x6 bus reset: RESET_GPU; 0x2 node reboot,
+0x7 system reboot: RESTART_BM); Drain P2P, IMEX-domain recovery, an unknown code or a line naming
+none keep ``XID_154``, "drain node".
 
 Counters judge the memory on their own (``health.COUNTERS``, ``STATES``): a pending or failed row
 remap, an uncorrectable ECC count that rose, are suspects whatever bucket the XID beside them has.
@@ -52,6 +58,7 @@ from typing import Any, Literal
 
 from pytest_gpucluster.checks.burnin.xid_catalog import CATALOG_ROWS, SOURCES, CatalogBucket
 from pytest_gpucluster.checks.burnin.xid_nvlink5 import decode
+from pytest_gpucluster.checks.burnin.xid_recovery import decode_154
 
 __all__ = [
     "BUCKET_ACTIONS",
@@ -113,8 +120,9 @@ BUCKET_ADVICE: Mapping[CatalogBucket, str] = {
     "CHECK_UVM": "drain the node and reset the GPU where UVM or vGPU is in use (CUDA applications use UVM)",
     "RESTART_BM": "drain the node and reboot it; contact support if it comes back",
     "CHECK_MECHANICALS": "drain the node and check that the GPU is seated and its power connected",
-    "XID_154": "drain the node and do the recovery action the XID 154 line names (GPU reset, node reboot, "
-    "drain P2P)",
+    "XID_154": "drain the node and do the recovery action the XID 154 line names (drain P2P, recover the "
+    "IMEX domain), then read the GPU's recovery action again (nvidia-smi -q); a line naming no known "
+    "action: look it up",
     "CONTACT_SUPPORT": "drain the node and contact your support organization",
     "UPDATE_SWFW": "update the driver and firmware, then rerun",
 }
@@ -174,8 +182,14 @@ def classify(xid: int) -> XidClass | None:
 
 def classify_event(xid: int, line: str | None) -> XidClass | None:
     """:func:`classify`, with an NVLink5 XID (``WORKFLOW_NVLINK5_ERR``) whose log line decodes on the
-    catalog's "XID 144-150 Decode" sheet given that sheet's bucket."""
+    catalog's "XID 144-150 Decode" sheet given that sheet's bucket, and an Xid 154 whose line names a
+    known recovery action given that action's bucket (`xid_recovery`)."""
     found = classify(xid)
+    if found is not None and found.bucket == "XID_154":
+        change = decode_154(line or "")
+        if change is None or change.action is None:
+            return found if change is None else dataclasses.replace(found, decoded=str(change))
+        return dataclasses.replace(found, bucket=change.action.bucket, decoded=str(change))
     if found is None or found.bucket != "WORKFLOW_NVLINK5_ERR":
         return found
     decoded = decode(xid, line or "")
