@@ -23,16 +23,28 @@ it (the thing that looks like a fault and is not one), judged by the project's o
 - **a crashed rank** (network-namespace nodes, testbed/netns.py): a real 2-node job whose rank 1
   raises; the failed test's findings name that node. A clean job beside it. Skipped, and said, where
   namespaces cannot be made.
+- **a lost GPU** (the real suite: acceptance/test_burnin.py's counter tests under ``--hw=auto``,
+  tests/integration/counter_suite_run.py): this machine's node described to the stand-in NVML as
+  two H200s, GPU 1 answering ``NVMLError_GpuIsLost`` after the before reading; named when the run's
+  findings give this host and that GPU "reset GPU" and it signs NOT FIT. Every GPU read again is
+  the healthy variation.
+- **a GPU with no measurement, re-judged** (``gpucluster report``, results/rejudge.py): the real
+  H200 quick run fanned out to 8 nodes, every measurement of node004's GPU 0 removed; named when
+  the report signs NOT FIT, lists that GPU NOT MEASURED and its sign-off line names node004 with
+  the ladder's rung for a value not measured, "rerun". The whole fan-out is the healthy variation.
+- **before/after tests split across xdist workers** (the real suite's fabric pair,
+  acceptance/test_fabric.py): ``-n 2 --dist worksteal`` ignores the pair's group and hands each
+  worker one test, so the after test has no before reading; a fault of the run, not of a node, so
+  it is named when the after test fails NOT MEASURED, the sign-off is not FIT and the findings give
+  it to the cluster (no host) with "rerun". ``-n 2`` (grouped by acceptance/conftest.py) is the
+  healthy variation; in both, a finding naming this host blames it.
 
 Printed, each on its own line ending with its ratio:
 
     fault naming ratio (faults named with the right node and action / faults planted) ...  goal 1.0
     healthy blame ratio (healthy nodes blamed / healthy nodes) ...  goal 0.0
 
-Fault classes of issue 35 this campaign does not plant yet (they live in helper ``failclosed``'s
-work, not in main when this was written): a lost GPU, before/after tests split across xdist workers.
-
-    python benchmarks/fault_campaign.py [--keep DIR]
+    python benchmarks/fault_campaign.py [--keep DIR] [--only CASE ...]
 """
 
 from __future__ import annotations
@@ -384,6 +396,142 @@ def crashed_rank_case(base: Path) -> Outcome:
     return out
 
 
+# ----------------------------------------------------------------------------------- lost GPU
+
+
+def lost_gpu_case(base: Path) -> Outcome:
+    """The real counter tests (acceptance/test_burnin.py) on this machine's two stand-in GPUs
+    (tests/integration/counter_suite_run.py); GPU 1 lost after the before reading, or not."""
+    from counter_suite_run import BUSES, counter_run
+
+    out = Outcome(
+        "a lost GPU (NVML GpuIsLost after the run)", "the real suite's counter tests, stand-in NVML"
+    )
+    host = socket.gethostname()
+    for plant in (True, False):
+        run = counter_run(base / ("lost" if plant else "healthy"), lose=BUSES[1] if plant else None)
+        findings = (run.data or {}).get("findings") or []
+        if run.data is None:
+            out.note = f"a run wrote no results.json: {run.out[-300:]!r}"
+        if plant:
+            out.planted = [(host, "reset GPU")]
+            # named: this host, the GPU that was lost (by its PCI address), its action
+            out.named |= {
+                (f["host"], f["action"]) for f in findings
+                if f["metric"] == "burnin.gpus_lost" and BUSES[1].lower() in str(f.get("gpu"))
+            }  # fmt: skip
+            if (run.data or {}).get("signoff", {}).get("fit") is not False:
+                out.named.clear()  # a lost GPU that still signs FIT is not named, whatever the findings say
+        else:
+            out.healthy = [f"healthy:{host}"]
+            out.blamed |= {f"healthy:{f['host']}" for f in findings if f.get("host")}
+    return out
+
+
+def _report(results: Path) -> tuple[str, list[tuple[str, str]]]:
+    """``gpucluster report RESULTS.json`` (re-judged from the evidence): report.md, and the
+    (node, action) pairs its sign-off line names ("N of M node(s) fail: node004 (rerun), ...")."""
+    from pytest_gpucluster import cli
+
+    with contextlib.redirect_stdout(None), contextlib.redirect_stderr(None):
+        cli.main(["report", str(results)])
+    report = (results.parent / "report.md").read_text(encoding="utf-8")
+    line = next((x for x in report.splitlines() if " node(s) fail: " in x), "")
+    failing = line.split(" node(s) fail: ", 1)[1].split(". ", 1)[0] if line else ""
+    pairs = [
+        (part.split(" (", 1)[0], part.split(" (", 1)[1].rstrip(")"))
+        for part in failing.split(", ")
+        if " (" in part
+    ]
+    return report, pairs
+
+
+def rejudged_case(base: Path) -> Outcome:
+    """The real H200 quick run fanned out to 8 nodes; every measurement of one GPU removed."""
+    from pytest_gpucluster.testbed.fanout import dumps, fan_out
+
+    out = Outcome(
+        "a GPU with no measurement, re-judged", "gpucluster report on a fan-out of the real H200 run"
+    )
+    real = json.loads((DATA / "gpu_session" / "h200_2026_11_28" / "quick" / "results.json").read_text())
+    node, gpu = "node004", "0"
+    for plant in (True, False):
+        # no noise: the fan-out's noise would move GPU counts (1 per node) off their exact thresholds
+        fanned, _ = fan_out(real, 8, 1, plant=False, noise=0.0)
+        hosts = sorted(
+            {str(m["labels"]["host"]) for m in fanned["measurements"] if "host" in (m.get("labels") or {})}
+        )
+        if plant:
+            fanned["measurements"] = [
+                m for m in fanned["measurements"]
+                if ((m.get("labels") or {}).get("host"), str((m.get("labels") or {}).get("gpu"))) != (node, gpu)
+            ]  # fmt: skip
+        path = base / ("cut" if plant else "full") / "results.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(dumps(fanned))
+        report, pairs = _report(path)
+        not_measured = f"| NOT MEASURED | profile.burnin.min_matmul (host={node},gpu={gpu}) |" in report
+        label = "cut" if plant else "full"
+        if plant:
+            out.planted = [(node, "rerun")]  # results/findings.py LADDER: not measured -> rerun
+            out.named = {p for p in pairs if "**NOT FIT" in report and not_measured}
+            out.healthy += [f"{label}:{h}" for h in hosts if h != node]
+        else:
+            out.healthy += [f"{label}:{h}" for h in hosts]
+        out.blamed |= {f"{label}:{h}" for h, _ in pairs}
+    return out
+
+
+# ----------------------------------------------------------------------------------- xdist split
+
+
+def _fabric_pair(results: Path, *xdist: str) -> dict:
+    """acceptance/test_fabric.py's before/after pair on cpu-local under pytest-xdist ``xdist``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUCLUSTER_", "_GPUCLUSTER", "PYTEST_"))}
+    env["PYTHONPATH"] = str(REPO)
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "acceptance/test_fabric.py", "-k", "fabric_before or fabric_after",
+         *xdist, "--hw=cpu-local", f"--results-dir={results}", "-p", "no:cacheprovider", "-q"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    path = results / "results.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def xdist_split_case(base: Path) -> Outcome:
+    """Healthy: ``-n 2`` (acceptance/conftest.py turns --dist load into loadgroup: the pair shares
+    a worker). Planted: ``-n 2 --dist worksteal``, which ignores the groups and hands each of the
+    two workers one test: the after test runs where no before reading was taken."""
+    out = Outcome(
+        "before/after split across xdist workers", "the real suite's fabric pair under pytest-xdist"
+    )
+    host = socket.gethostname()
+    for plant in (True, False):
+        data = _fabric_pair(base / ("split" if plant else "grouped"), "-n", "2",
+                            *(("--dist", "worksteal") if plant else ()))  # fmt: skip
+        findings = data.get("findings") or []
+        outcomes = {o["test_id"].split("@")[0].rsplit("::", 1)[-1]: o for o in data.get("outcomes", [])}
+        label = "split" if plant else "grouped"
+        if plant:
+            # a fault of the run, not of a node: named when the after test failed NOT MEASURED, the
+            # before test passed (so they ran in two processes), and the findings give it to the
+            # cluster (no host) with the ladder's rung for a set-up gap, rerun; never FIT
+            after = outcomes.get("test_fabric_after", {})
+            split = (outcomes.get("test_fabric_before", {}).get("outcome") == "passed"
+                     and after.get("outcome") == "failed" and "NOT MEASURED" in str(after.get("message")))  # fmt: skip
+            out.planted = [("cluster", "rerun")]
+            if split and data.get("signoff", {}).get("fit") is False:
+                out.named = {("cluster", f["action"]) for f in findings
+                             if f["reason"] == "not measured" and not f.get("host")}  # fmt: skip
+        else:
+            measured = any(m["metric"].startswith("fabric.") for m in data.get("measurements", []))
+            if not measured or data.get("signoff", {}).get("fit") is not True:
+                out.note = f"grouped run: measured {measured}, sign-off {data.get('signoff')}"
+        out.healthy.append(f"{label}:{host}")  # the node did nothing wrong in either run
+        out.blamed |= {f"{label}:{f['host']}" for f in findings if f.get("host")}
+    return out
+
+
 # ----------------------------------------------------------------------------------- main
 
 
@@ -394,12 +542,10 @@ CASES: list[tuple[str, Callable[[Path], Outcome]]] = [
     ("health-check", health_check_case),
     ("fan-out", lambda base: fanout_case()),
     ("crashed-rank", crashed_rank_case),
+    ("lost-gpu", lost_gpu_case),
+    ("rejudged", rejudged_case),
+    ("xdist-split", xdist_split_case),
 ]
-
-LEFT_OUT = (
-    "a lost GPU (issue 35 item 1) and before/after tests split across xdist workers (item 2): helper "
-    "failclosed's, not in this branch's main yet"
-)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -436,7 +582,6 @@ def main(argv: list[str] | None = None) -> int:
     found = sum(r.found for r in results)
     healthy = sum(len(r.healthy) for r in results)
     blamed = sum(r.wrongly_blamed for r in results)
-    print(f"not planted: {LEFT_OUT}")
     print(f"fault naming ratio ({found} of {planted} planted faults named with the right node and action) "
           f"{found / max(planted, 1):.3f}")  # fmt: skip
     print(f"healthy blame ratio ({blamed} of {healthy} healthy nodes blamed) {blamed / max(healthy, 1):.3f}")

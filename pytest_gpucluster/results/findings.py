@@ -162,8 +162,8 @@ class Finding:
     @property
     def component(self) -> str | None:
         """The GPU or port named, else the rank (``rank 3``) where the value names one."""
-        if self.gpu:
-            return f"GPU {self.gpu}"
+        if self.gpu:  # an index ("3"), or a suspect's own name ("GPU 1 (00000000:2a:00.0)")
+            return self.gpu if str(self.gpu).startswith("GPU ") else f"GPU {self.gpu}"
         if self.port:
             return self.port
         rank = self.labels.get("rank")

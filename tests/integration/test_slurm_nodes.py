@@ -8,7 +8,7 @@ with its own address, ``proctrack/cgroup``), through the package's real launcher
 - ``--hw=auto`` in ``salloc --exclusive`` without a GPU request: the probe's recorded argv asks for
   the nodes' GPUs (``--gres=gpu:8`` from ``scontrol show node``), the probe step gets them, and two
   nodes without a GPU are an error naming what was probed and how, not cpu-local;
-- the NVML XID listener (a stand-in ``pynvml``, as in tests/unit/test_xid_watch.py): detached inside a
+- the NVML XID listener (the stand-in ``pynvml``, standin_pynvml.py): detached inside a
   job, as before, it is killed when that job's step ends (proctrack/cgroup); held as the controller's
   own ``srun --overlap`` step it survives the steps after it, sees an XID injected between them, is
   stopped by the last reading, and a step still there at the session's end is cancelled with no
@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 from slurm_netns import NetnsSlurm, netns_slurm
+from standin_pynvml import env as nvml_env
+from standin_pynvml import gpus, write_node
 
 from pytest_gpucluster.burnin.runner import ClusterPairRunner
 from pytest_gpucluster.cluster.hostfile import read_hostfile
@@ -133,63 +135,6 @@ def _profile(results: Path) -> dict:
     return json.loads(path.read_text()).get("profile", {}) if path.exists() else {}
 
 
-FAKE_PYNVML = """
-import json, os, socket, time
-
-nvmlEventTypeXidCriticalError = 8
-
-
-class NVMLError_Timeout(Exception):
-    pass
-
-
-class _Event:
-    def __init__(self, device, xid):
-        self.device, self.eventData = device, xid
-
-
-def nvmlInit():
-    pass
-
-
-def nvmlDeviceGetCount():
-    return 1
-
-
-def nvmlDeviceGetHandleByIndex(i):
-    return i
-
-
-def nvmlEventSetCreate():
-    return object()
-
-
-def nvmlDeviceRegisterEvents(handle, types, event_set):
-    pass
-
-
-def nvmlEventSetFree(event_set):
-    pass
-
-
-def nvmlDeviceGetPciInfo(device):
-    class Info:
-        busId = b"00000000:1B:00.0"
-    return Info()
-
-
-def nvmlEventSetWait(event_set, timeout_ms):
-    queue = os.environ["FAKE_XID_QUEUE"].replace("{host}", socket.gethostname())
-    if os.path.exists(queue):
-        with open(queue) as f:
-            event = json.loads(f.read())
-        os.remove(queue)
-        return _Event(0, event["xid"])
-    time.sleep(0.05)
-    raise NVMLError_Timeout("Timeout")
-"""
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -214,12 +159,12 @@ def _pids_with(needle: str) -> list[int]:
 def test_the_xid_listener_held_as_an_overlap_step_outlives_every_job_step_and_ends_with_the_session(
     slurm_nodes, tmp_path, monkeypatch
 ):
-    fake = tmp_path / "fake"
-    fake.mkdir()
-    (fake / "pynvml.py").write_text(FAKE_PYNVML)
-    monkeypatch.setenv("PYTHONPATH", f"{fake}{os.pathsep}{os.environ['PYTHONPATH']}")
-    monkeypatch.setenv("FAKE_XID_QUEUE", str(tmp_path / "xid-{host}.json"))
     nodes = slurm_nodes.nodes
+    for node in nodes:  # one GPU each; an XID queued in xid-<node>.json reaches that node's NVML
+        write_node(tmp_path / f"nvml-{node}.json", gpus(["00000000:1B:00.0"]),
+                   xid_queue=str(tmp_path / "xid-{host}.json"))  # fmt: skip
+    for key, value in nvml_env(tmp_path / "nvml-{host}.json", [os.environ["PYTHONPATH"]]).items():
+        monkeypatch.setenv(key, value)
     job_id, _ = _allocate(slurm_nodes, "gc-xid", "--exclusive", f"--nodes={len(nodes)}")
     monkeypatch.setenv("SLURM_JOB_ID", job_id)  # pytest inside salloc: jobs are steps of it
     cluster = _cluster(nodes, tmp_path / "jobs", device="cuda", gpus_per_node=8)

@@ -1,9 +1,9 @@
 """The session-spanning NVML XID listener (workloads/xid_watch.py): a real process started by the
 first counters reading and stopped by the last, its protocol through files on the node. There is
-no GPU here: a stand-in ``pynvml`` module on the listener's path answers as NVML's event API does
-(``nvmlEventSetWait`` raises NVMLError_Timeout when nothing is queued) and delivers the XIDs the
-test queues. Then the parent's verdict: the node's XIDs were read without the kernel log (which
-this account may not read), and the XID names its GPU."""
+no GPU here: the stand-in ``pynvml`` (tests/integration/standin_nvml) on the listener's path answers
+as NVML's event API does (``nvmlEventSetWait`` raises NVMLError_Timeout when nothing is queued) and
+delivers the XIDs the test queues. Then the parent's verdict: the node's XIDs were read without the
+kernel log (which this account may not read), and the XID names its GPU."""
 
 from __future__ import annotations
 
@@ -18,72 +18,19 @@ from pytest_gpucluster.checks.burnin.health import counter_increases, xid_readab
 from pytest_gpucluster.workloads import xid_watch
 
 REPO = Path(__file__).resolve().parents[2]
-FAKE_PYNVML = """
-import json, os, time
-
-nvmlEventTypeXidCriticalError = 8
-
-
-class NVMLError_Timeout(Exception):
-    pass
-
-
-class _Event:
-    def __init__(self, device, xid):
-        self.device, self.eventData = device, xid
-
-
-def nvmlInit():
-    pass
-
-
-def nvmlDeviceGetCount():
-    return 2
-
-
-def nvmlDeviceGetHandleByIndex(i):
-    return i
-
-
-def nvmlEventSetCreate():
-    return object()
-
-
-def nvmlDeviceRegisterEvents(handle, types, event_set):
-    assert types == nvmlEventTypeXidCriticalError
-
-
-def nvmlEventSetFree(event_set):
-    pass
-
-
-def nvmlDeviceGetPciInfo(device):
-    class Info:
-        busId = ("00000000:1B:00.0", "00000000:3B:00.0")[device].encode()
-    return Info()
-
-
-def nvmlEventSetWait(event_set, timeout_ms):
-    queue = os.environ["FAKE_XID_QUEUE"]
-    if os.path.exists(queue):
-        with open(queue) as f:
-            lines = [l for l in f.read().splitlines() if l.strip()]
-        os.remove(queue)
-        if lines:
-            event = json.loads(lines[0])
-            return _Event(event["device"], event["xid"])
-    time.sleep(timeout_ms / 1000 / 10)
-    raise NVMLError_Timeout("Timeout")
-"""
+STANDIN_NVML = REPO / "tests" / "integration" / "standin_nvml"
+"""The stand-in pynvml (tests/integration/standin_pynvml.py describes it): two GPUs here."""
 
 
 def _env(monkeypatch, tmp_path):
-    fake = tmp_path / "fake"
-    fake.mkdir()
-    (fake / "pynvml.py").write_text(FAKE_PYNVML)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake), str(REPO)]))
-    monkeypatch.setenv("FAKE_XID_QUEUE", str(tmp_path / "queue.jsonl"))
-    return tmp_path / "queue.jsonl"
+    queue = tmp_path / "queue.jsonl"
+    node = {"gpus": [{"name": "NVIDIA H200", "uuid": f"GPU-{i}", "bus_id": bus, "memory_bytes": 1 << 30}
+                     for i, bus in enumerate(("00000000:1B:00.0", "00000000:3B:00.0"))],
+            "xid_queue": str(queue)}  # fmt: skip
+    (tmp_path / "nvml.json").write_text(json.dumps(node))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(STANDIN_NVML), str(REPO)]))
+    monkeypatch.setenv("GPUCLUSTER_STANDIN_NVML", str(tmp_path / "nvml.json"))
+    return queue
 
 
 def test_the_listener_spans_two_readings_and_its_xids_name_the_gpu(tmp_path, monkeypatch):
