@@ -433,6 +433,14 @@ def _from_outcome(o: TestOutcome, hosts: Sequence[str]) -> Finding:
     )
 
 
+_HOW_NAMED = {
+    "counters": "from its own readings before and after the run (a lost GPU, an XID, ECC errors)",
+    "fabric": "from its port counters before and after the run",
+    "numerics": "from its results (agreement with its peers, stability across repeats, the known answer)",
+}
+"""How a check that does not compare a node with its peers named it (the rest do)."""
+
+
 def _from_suspect(s: Suspect, counted: Measurement | None) -> Finding:
     """A node, GPU or link a burn-in check named by comparing it with its peers (a straggler, a
     slow pair): hardware, its rung by what is named."""
@@ -446,7 +454,7 @@ def _from_suspect(s: Suspect, counted: Measurement | None) -> Finding:
         metric=counted.metric if counted is not None else f"burnin.{s.check}",
         reason="hardware",
         action=action,
-        why=f"named by the burn-in's {s.check} check against its peers",
+        why=f"named by the burn-in's {s.check} check {_HOW_NAMED.get(s.check, 'against its peers')}",
         host=None if s.kind == "link" else s.node,
         gpu=s.gpu,
         port=f"link {s.node} <-> {s.peer}" if s.kind == "link" else None,

@@ -44,6 +44,7 @@ def test_a_gpu_lost_after_the_run_fails_with_reset_then_rma():
     [finding] = [f for f in findings_of([Measurement.of(check, test_id="t", time=0.0)], suspects=[lost])
                  if f.gpu]  # fmt: skip
     assert (finding.host, finding.action) == ("node7", "reset GPU")
+    assert "before and after the run" in finding.why and "peers" not in finding.why
 
 
 def test_a_rank_that_returned_nothing_loses_its_gpu_too_and_a_healthy_pair_passes():
