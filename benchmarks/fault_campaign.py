@@ -33,11 +33,14 @@ it (the thing that looks like a fault and is not one), judged by the project's o
   the report signs NOT FIT, lists that GPU NOT MEASURED and its sign-off line names node004 with
   the ladder's rung for a value not measured, "rerun". The whole fan-out is the healthy variation.
 - **before/after tests split across xdist workers** (the real suite's fabric pair,
-  acceptance/test_fabric.py): ``-n 2 --dist worksteal`` ignores the pair's group and hands each
-  worker one test, so the after test has no before reading; a fault of the run, not of a node, so
-  it is named when the after test fails NOT MEASURED, the sign-off is not FIT and the findings give
-  it to the cluster (no host) with "rerun". ``-n 2`` (grouped by acceptance/conftest.py) is the
-  healthy variation; in both, a finding naming this host blames it.
+  acceptance/test_fabric.py): the before reading reaches the after test through the results
+  directory (results/handoff.py), so a split is healthy: ``-n 2`` (grouped by acceptance/conftest.py)
+  and ``-n 2 --dist worksteal`` (which ignores the group and hands each worker one test) must both
+  measure and sign FIT. Planted: the after test with its before test not in the run (``-k
+  fabric_after`` under ``-n 2``): no reading to compare with, a fault of the run, not of a node, so
+  it is named when the after test fails NOT MEASURED saying why, the sign-off is not FIT and the
+  findings give it to the cluster (no host) with "rerun". In every run a finding naming this host
+  blames it.
 
 Printed, each on its own line ending with its ratio:
 
@@ -499,36 +502,43 @@ def _fabric_pair(results: Path, *xdist: str) -> dict:
 
 
 def xdist_split_case(base: Path) -> Outcome:
-    """Healthy: ``-n 2`` (acceptance/conftest.py turns --dist load into loadgroup: the pair shares
-    a worker). Planted: ``-n 2 --dist worksteal``, which ignores the groups and hands each of the
-    two workers one test: the after test runs where no before reading was taken."""
+    """Healthy: ``-n 2`` (the pair grouped in one worker) and ``-n 2 --dist worksteal`` (one test
+    per worker: the reading crosses through the results directory). Planted: the after test
+    without its before test in the run."""
     out = Outcome(
         "before/after split across xdist workers", "the real suite's fabric pair under pytest-xdist"
     )
     host = socket.gethostname()
-    for plant in (True, False):
-        data = _fabric_pair(base / ("split" if plant else "grouped"), "-n", "2",
-                            *(("--dist", "worksteal") if plant else ()))  # fmt: skip
+    runs = {
+        "grouped": ("-n", "2"),
+        "split": ("-n", "2", "--dist", "worksteal"),
+        "no-before": ("-n", "2", "-k", "fabric_after"),
+    }
+    out.planted = [("cluster", "rerun")]
+    notes = []
+    for label, args in runs.items():
+        data = _fabric_pair(base / label, *args)
         findings = data.get("findings") or []
         outcomes = {o["test_id"].split("@")[0].rsplit("::", 1)[-1]: o for o in data.get("outcomes", [])}
-        label = "split" if plant else "grouped"
-        if plant:
-            # a fault of the run, not of a node: named when the after test failed NOT MEASURED, the
-            # before test passed (so they ran in two processes), and the findings give it to the
-            # cluster (no host) with the ladder's rung for a set-up gap, rerun; never FIT
+        if label == "no-before":
+            # a fault of the run, not of a node: named when the after test failed NOT MEASURED with
+            # its reason, and the findings give it to the cluster (no host) with the ladder's rung
+            # for a set-up gap, rerun; never FIT
             after = outcomes.get("test_fabric_after", {})
-            split = (outcomes.get("test_fabric_before", {}).get("outcome") == "passed"
-                     and after.get("outcome") == "failed" and "NOT MEASURED" in str(after.get("message")))  # fmt: skip
-            out.planted = [("cluster", "rerun")]
-            if split and data.get("signoff", {}).get("fit") is False:
+            gap = after.get("outcome") == "failed" and "NOT MEASURED" in str(after.get("message"))
+            if gap and data.get("signoff", {}).get("fit") is False:
                 out.named = {("cluster", f["action"]) for f in findings
                              if f["reason"] == "not measured" and not f.get("host")}  # fmt: skip
         else:
             measured = any(m["metric"].startswith("fabric.") for m in data.get("measurements", []))
-            if not measured or data.get("signoff", {}).get("fit") is not True:
-                out.note = f"grouped run: measured {measured}, sign-off {data.get('signoff')}"
-        out.healthy.append(f"{label}:{host}")  # the node did nothing wrong in either run
+            fit = data.get("signoff", {}).get("fit") is True
+            if not (measured and fit):
+                out.blamed.add(f"{label}:run")  # a healthy run that did not measure or sign FIT
+                notes.append(f"{label} run: measured {measured}, sign-off {data.get('signoff')}")
+            out.healthy.append(f"{label}:run")
+        out.healthy.append(f"{label}:{host}")  # the node did nothing wrong in any run
         out.blamed |= {f"{label}:{f['host']}" for f in findings if f.get("host")}
+    out.note = "; ".join(notes)
     return out
 
 
