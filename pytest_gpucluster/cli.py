@@ -148,15 +148,21 @@ def cmd_parse_nodelist(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from pytest_gpucluster.results.baseline import read_results
     from pytest_gpucluster.results.rejudge import rejudge
+    from pytest_gpucluster.results.rejudge_drain import rejudge_drain_list
     from pytest_gpucluster.results.report import write_reports
 
     path = Path(args.results)
     # the verdict is derived again from the evidence (inventory, measurements), not taken as written
     judged = rejudge(read_results(path))
     print(f"gpucluster: {judged.note}", file=sys.stderr)
-    files = write_reports(judged.run, Path(args.out) if args.out else path.parent)
+    out = Path(args.out) if args.out else path.parent
+    files = write_reports(judged.run, out)
     for written in files.paths:
         print(written)
+    # the drain list an operator script reads (suspects.json) follows the re-judged findings too
+    drain_note = rejudge_drain_list(judged.run, out)
+    if drain_note:
+        print(f"gpucluster: {drain_note}", file=sys.stderr)
     if files.note:
         print(f"gpucluster: no plots: {files.note}", file=sys.stderr)
     return 0
@@ -235,7 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser(
         "report",
         help="write report.md, report.html and summary.csv from a results.json, its fail-closed verdict "
-        "re-judged per node and GPU from the inventory and measurements it records",
+        "re-judged per node and GPU from the inventory and measurements it records; the drain list "
+        "(suspects.json) is rewritten from the re-judged findings (the run's kept as suspects.json.orig; "
+        "with --out, a new suspects.json there)",
     )
     report.add_argument("results", metavar="RESULTS.json")
     report.add_argument("--out", metavar="DIR", help="where to write (default: the results file's directory)")

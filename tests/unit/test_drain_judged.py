@@ -133,3 +133,62 @@ def test_until_the_run_is_judged_the_suspects_are_listed_provisionally_and_the_f
     late = Suspect(node="b", reason="late", check="health", source="t::late")
     write_suspects(path, [late])  # a suspect added after the judgement keeps the judgement
     assert listed_drain_commands(path) == [] and json.loads(path.read_text())["findings"]
+
+
+def _report(argv: list[str], capsys) -> str:
+    from pytest_gpucluster.cli import main
+
+    assert main(["report", *argv]) == 0
+    return capsys.readouterr().err
+
+
+def test_gpucluster_report_rewrites_the_recorded_runs_drain_list_from_its_rejudged_findings(tmp_path, capsys):
+    """The recorded soak's drain list drains vm (the burn-in test's provisional command); re-judged,
+    its one finding is ``threshold; rerun``: the suspects.json an operator script reads now drains
+    nothing, and the run's file is kept byte for byte as suspects.json.orig (also after a second
+    report, which must not overwrite it with the first re-judged list)."""
+    for name in ("results.json", SUSPECTS_FILE):
+        shutil.copy(SOAK / name, tmp_path / name)
+    drain_list, original = tmp_path / SUSPECTS_FILE, tmp_path / f"{SUSPECTS_FILE}.orig"
+    err = _report([str(tmp_path / "results.json")], capsys)
+    assert f"drain list re-judged: {drain_list} drains no host (the run's drained vm)" in err
+    assert f"the run's drain list is kept as {original}" in err
+    assert listed_drain_commands(drain_list) == []
+    (suspect,) = json.loads(drain_list.read_text())["suspects"]
+    assert suspect["drained"] is False and suspect["judged"].startswith("threshold; rerun")
+    assert original.read_bytes() == (SOAK / SUSPECTS_FILE).read_bytes()
+    err = _report([str(tmp_path / "results.json")], capsys)
+    assert "drains no host (unchanged)" in err
+    assert original.read_bytes() == (SOAK / SUSPECTS_FILE).read_bytes()
+
+    calls: list[list[str]] = []
+    drain_listed(drain_list, run=lambda argv, **_: calls.append(argv))
+    assert calls == []  # --gpucluster-drain on the rewritten list drains nothing
+
+
+def test_gpucluster_report_out_writes_the_rejudged_drain_list_beside_the_report(tmp_path, capsys):
+    """With --out the run's directory is not touched: a new suspects.json beside the new report."""
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    run_dir.mkdir()
+    for name in ("results.json", SUSPECTS_FILE):
+        shutil.copy(SOAK / name, run_dir / name)
+    err = _report([str(run_dir / "results.json"), "--out", str(out)], capsys)
+    assert f"{out / SUSPECTS_FILE} drains no host (the run's drained vm)" in err
+    assert (run_dir / SUSPECTS_FILE).read_bytes() == (SOAK / SUSPECTS_FILE).read_bytes()
+    assert not (run_dir / f"{SUSPECTS_FILE}.orig").exists()
+    assert listed_drain_commands(out / SUSPECTS_FILE) == [] and (out / "report.md").exists()
+
+
+def test_gpucluster_report_adds_the_drain_a_rejudged_finding_orders_and_the_old_list_lacks(tmp_path, capsys):
+    """An old drain list that drains nothing while the run's suspects include a GPU the findings call
+    hardware: the re-judged list drains that host (and still not vm, judged rerun)."""
+    shutil.copy(SOAK / "results.json", tmp_path / "results.json")
+    gpu = Suspect(node="node02", reason="GPU 1 matmul 40% of its peers", check="health", kind="gpu",
+                  gpu="1", source="acceptance/test_burnin.py::test_gpu_health")  # fmt: skip
+    old = json.loads((SOAK / SUSPECTS_FILE).read_text())
+    old["suspects"].append(gpu.to_json())
+    old["drain_commands"] = []  # what an older policy ordered: nothing
+    (tmp_path / SUSPECTS_FILE).write_text(json.dumps(old))
+    err = _report([str(tmp_path / "results.json")], capsys)
+    assert "drains node02 (the run's drained no host)" in err
+    assert _drained_hosts(listed_drain_commands(tmp_path / SUSPECTS_FILE)) == {"node02"}
