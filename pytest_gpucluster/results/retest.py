@@ -10,6 +10,12 @@ counts (every reader takes the last value per key). So the findings, the drain l
 report judge the retest: a node is listed to drain only when its retest fails too, and a
 suspect whose retest passes is cleared with both numbers shown.
 
+A burn-in suspect whose finding says ``rerun`` (``threshold; rerun``: one rank of two below a
+floor, every peer missing alike) drains nothing (`burnin.drain.judged_drain_commands`), yet it is
+retested: measuring it again, on that node with the longer tier's durations, is the very rerun its
+finding asks for, so the retest's rows and line say so (`RetestPlan.reruns`) rather than speak of a
+drain the finding never ordered.
+
 Pure: no pytest, no I/O.
 """
 
@@ -48,10 +54,16 @@ class RetestPlan:
     test_ids: tuple[str, ...]
     """The tests whose findings named them, in the order they ran."""
     findings: tuple[Finding, ...]
+    reruns: tuple[str, ...] = ()
+    """The suspects retested only because a burn-in test listed them while their finding says
+    ``rerun``: their retest is the rerun the finding asked for (module docstring)."""
 
     def line(self) -> str:
         tests = ", ".join(t.split("::")[-1] for t in self.test_ids)
-        return f"retest of suspect(s) {', '.join(self.hosts)}: running again {tests}"
+        line = f"retest of suspect(s) {', '.join(self.hosts)}: running again {tests}"
+        if self.reruns:
+            line += f" ({', '.join(self.reruns)}: the rerun its finding asked for, threshold; rerun)"
+        return line
 
 
 def plan_retest(
@@ -63,14 +75,18 @@ def plan_retest(
 ) -> RetestPlan:
     """The suspects of a run and the tests to run again on them (module docstring). ``listed``:
     (node, test id) of each drainable suspect the burn-in tests wrote to the drain list."""
-    suspects = [
-        f for f in findings_of(measurements, outcomes, hosts) if f.host and f.action in DRAINING_ACTIONS
-    ]
+    found = findings_of(measurements, outcomes, hosts)
+    suspects = [f for f in found if f.host and f.action in DRAINING_ACTIONS]
     named = {str(f.host) for f in suspects} | {node for node, _ in listed}
     order = [h for h in hosts if h in named] + sorted(h for h in named if h not in hosts)
     wanted = {f.test_id for f in suspects if f.test_id} | {test for _, test in listed if test}
     tests = tuple(t for t in test_order if t in wanted)
-    return RetestPlan(tuple(order), tests, tuple(suspects))
+    rerun = {(f.host, f.test_id) for f in found if f.action == "rerun"}
+    draining = {str(f.host) for f in suspects}
+    reruns = tuple(
+        h for h in order if h not in draining and any(n == h and (n, t) in rerun for n, t in listed)
+    )
+    return RetestPlan(tuple(order), tests, tuple(suspects), reruns)
 
 
 def confirmed_hosts(plan: RetestPlan, measurements: Sequence[Measurement], outcomes: Sequence[Any],
@@ -101,6 +117,8 @@ class RetestRow:
     threshold: str
     confirmed: bool
     """The retest missed the threshold too."""
+    rerun: bool = False
+    """Its node's retest is the rerun its finding asked for (`RetestPlan.reruns`)."""
 
     def cells(self) -> list[str]:
         def shown(v: float | None) -> str:
@@ -108,7 +126,11 @@ class RetestRow:
 
         # confirmed is what the retest measured; whether the node is drained is its finding's action
         # (burnin.drain.judged_drain_commands): a miss the findings call "threshold; rerun" is not
-        verdict = "CONFIRMED: missed again" if self.confirmed else "cleared: not drained"
+        if self.rerun:
+            verdict = "missed again" if self.confirmed else "passed"
+            verdict += " on the rerun its finding asked for (threshold; rerun: not drained for it)"
+        else:
+            verdict = "CONFIRMED: missed again" if self.confirmed else "cleared: not drained"
         return [self.host, self.component or "-", self.metric, shown(self.first), shown(self.retest),
                 self.threshold, verdict]  # fmt: skip
 
@@ -120,8 +142,11 @@ def _value(m: Measurement) -> float | None:
     return m.value if math.isfinite(m.value) else None
 
 
-def retest_rows(measurements: Iterable[Measurement], hosts: Sequence[str]) -> list[RetestRow]:
-    """Per value the retest measured on a suspect that failed the first time: both values."""
+def retest_rows(
+    measurements: Iterable[Measurement], hosts: Sequence[str], reruns: Sequence[str] = ()
+) -> list[RetestRow]:
+    """Per value the retest measured on a suspect that failed the first time: both values.
+    ``reruns``: `RetestPlan.reruns`, whose rows say the retest is the rerun their finding asked for."""
     first: dict[str, Measurement] = {}
     again: dict[str, Measurement] = {}
     for m in measurements:
@@ -138,7 +163,15 @@ def retest_rows(measurements: Iterable[Measurement], hosts: Sequence[str]) -> li
         threshold = "-" if m.threshold is None else f"{m.comparison} {format_value(m.threshold, m.unit)}"
         rows.append(
             RetestRow(
-                host, component_of(m.labels), m.metric, m.unit, _value(before), _value(m), threshold, m.failed
+                host,
+                component_of(m.labels),
+                m.metric,
+                m.unit,
+                _value(before),
+                _value(m),
+                threshold,
+                m.failed,
+                host in reruns,
             )
         )
     return sorted(rows, key=lambda r: (r.host, r.component or "", r.metric))
@@ -155,6 +188,7 @@ def retest_record(
         "tests": list(ran),
         "confirmed": confirmed,
         "cleared": [h for h in plan.hosts if h not in confirmed],
+        "reruns": list(plan.reruns),
         "header": ROW_HEADER,
         "rows": [r.cells() for r in rows],
     }

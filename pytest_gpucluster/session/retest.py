@@ -63,7 +63,7 @@ def retest_suspects(session: Session, gc: GpuClusterSession) -> None:
         gc.tier = first_tier
         gc.retest_on(())
     confirmed = confirmed_hosts(plan, recorder.measurements, recorder.outcomes, hosts)
-    rows = retest_rows(recorder.measurements, plan.hosts)
+    rows = retest_rows(recorder.measurements, plan.hosts, plan.reruns)
     record = retest_record(plan, rows, [i.nodeid for i in items], confirmed)
     if longer is not None:
         record["tier"] = longer.tier

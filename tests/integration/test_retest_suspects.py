@@ -70,6 +70,9 @@ def test_a_transient_slow_rank_is_retested_and_judged_on_the_retest(tmp_path):
     assert "## Retest of suspects: confirmed" in report
     row = next(line for line in report.splitlines() if line.startswith("| vm | rank 1 | burnin.cpu_matmul |"))
     assert first_shown(first) in row
+    # vm's finding is "threshold; rerun": its retest is that rerun, and the row and line say so
+    assert record["reruns"] == ["vm"] and "the rerun its finding asked for" in row
+    assert "(vm: the rerun its finding asked for, threshold; rerun)" in done.stdout
     summary = done.stdout
     assert f"retest of suspects vm: confirmed {'vm' if confirmed else 'none'}" in summary
     # nothing drained before the retest; the end of the session drained vm only if a finding drains it
