@@ -160,7 +160,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     for written in files.paths:
         print(written)
     # the drain list an operator script reads (suspects.json) follows the re-judged findings too
-    drain_note = rejudge_drain_list(judged.run, out)
+    try:
+        drain_note = rejudge_drain_list(judged.run, out)
+    except OSError as exc:  # a read-only results directory: the report is still written above
+        drain_note = f"drain list not re-judged: cannot write beside {out}: {exc} (use --out DIR)"
     if drain_note:
         print(f"gpucluster: {drain_note}", file=sys.stderr)
     if files.note:
