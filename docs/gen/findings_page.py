@@ -99,7 +99,11 @@ def render_findings() -> str:
         "An Xid 154 line (`GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)`) is "
         "judged by the code it changed *to* (NVML's `nvmlDeviceGpuRecoveryAction_t`; the words beside it vary "
         "between drivers), as the bucket below; a code not listed, or a line naming none, keeps `XID_154` "
-        f"(`{xid_classes.BUCKET_ACTIONS['XID_154']}`).\n",
+        f"(`{xid_classes.BUCKET_ACTIONS['XID_154']}`). An Xid 154 heard through NVML's events has no line: "
+        "the XID listener reads the GPU's recovery action from NVML as the event arrives "
+        "(`nvmlDeviceGetGpuRecoveryAction` where the installed nvidia-ml-py has it, else the field "
+        "`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`) and the code it read is judged by the same table; where that "
+        "read failed, the event keeps `XID_154` and the finding says why.\n",
         table(
             ("code", "NVML action", "judged as", "action", "what NVIDIA asks"),
             (

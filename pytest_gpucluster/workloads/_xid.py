@@ -14,11 +14,18 @@ as a check that does not pass, never as "no XID".
 for the span of the health job's load: no log access needed, but it only sees events that happen
 while it listens.
 
+An NVML event carries the XID's number, not the driver's line, so an Xid 154 heard there does not say
+which recovery action the GPU now needs. :func:`nvml_event` reads it from NVML at once
+(:func:`recovery_action`) and stores its code beside the XID (``recovery_action``), or why it could
+not (``recovery_action_error``); `checks/burnin/xid_recovery.py` judges the code as it judges the
+line's.
+
 Rank-side: standard library only; pynvml is handed in by the caller.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 import subprocess
 from collections.abc import Callable, Sequence
@@ -26,11 +33,14 @@ from typing import Any
 
 __all__ = [
     "LOG_FILES",
+    "RECOVERY_ACTION_FIELD",
     "NvmlXidListener",
     "kernel_log",
     "kernel_xids",
+    "nvml_event",
     "parse_xid_lines",
     "read_tail",
+    "recovery_action",
     "run_command",
 ]
 
@@ -45,6 +55,13 @@ _JOURNAL_DENIED = (
     "not seeing messages from the system",
     "no journal files were found",
 )
+
+RECOVERY_ACTION_FIELD = 230
+"""``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` (nvml.h; nvidia-ml-py names it too): the GPU's current
+``nvmlDeviceGpuRecoveryAction_t`` as a field value, what ``nvidia-smi -q``'s "GPU Recovery Action"
+reads. Drivers before the field answer it ``NVML_ERROR_NOT_SUPPORTED`` in the value's own status."""
+_VALUE_ATTR = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+"""``nvmlValueType_t`` to the member of ``nvmlValue_t`` holding the number."""
 
 Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
 TailReader = Callable[[str], str]
@@ -136,6 +153,64 @@ def kernel_xids(run: Runner = run_command, tail: TailReader = read_tail) -> dict
     return {"events": parse_xid_lines(found["text"]), "source": found["source"]}
 
 
+def _binding_version() -> str:
+    try:
+        return importlib.metadata.version("nvidia-ml-py")
+    except importlib.metadata.PackageNotFoundError:
+        return "(version unknown)"
+
+
+def recovery_action(pynvml: Any, handle: Any) -> tuple[int | None, str]:
+    """The GPU's current recovery action code (``nvmlDeviceGpuRecoveryAction_t``), or ``(None, why)``.
+
+    ``pynvml.nvmlDeviceGetGpuRecoveryAction`` where the installed nvidia-ml-py has it (13.615.71,
+    the newest at the time of writing, does not), else the field value :data:`RECOVERY_ACTION_FIELD`
+    through ``nvmlDeviceGetFieldValues``. The reasons name each way tried and what it answered."""
+    reasons: list[str] = []
+    getter = getattr(pynvml, "nvmlDeviceGetGpuRecoveryAction", None)
+    if getter is None:
+        reasons.append(f"nvidia-ml-py {_binding_version()} has no nvmlDeviceGetGpuRecoveryAction")
+    else:
+        try:
+            return int(getter(handle)), ""
+        except Exception as exc:
+            reasons.append(f"nvmlDeviceGetGpuRecoveryAction: {type(exc).__name__}: {exc}")
+    field = int(getattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", RECOVERY_ACTION_FIELD))
+    name = f"nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION={field})"
+    try:
+        (value,) = pynvml.nvmlDeviceGetFieldValues(handle, [field])
+    except Exception as exc:
+        reasons.append(f"{name}: {type(exc).__name__}: {exc}")
+        return None, "; ".join(reasons)
+    status = int(value.nvmlReturn)
+    if status != 0:
+        try:
+            said = f"{type(pynvml.NVMLError(status)).__name__}: {pynvml.NVMLError(status)}"
+        except Exception:  # an error class that cannot name this status
+            said = f"NVML error {status}"
+        reasons.append(f"{name}: {said}")
+        return None, "; ".join(reasons)
+    number = getattr(value.value, _VALUE_ATTR.get(int(value.valueType), "uiVal"))
+    if isinstance(number, float) and not number.is_integer():
+        reasons.append(f"{name}: not a whole number ({number!r})")
+        return None, "; ".join(reasons)
+    return int(number), ""
+
+
+def nvml_event(pynvml: Any, data: Any) -> dict[str, Any]:
+    """One NVML XID event (``nvmlEventData_t``) as the suite records it: ``{"xid", "source"}``, and
+    for an Xid 154 the GPU's recovery action read at once (``recovery_action``, else
+    ``recovery_action_error``: why not), since the event carries no line naming it."""
+    event: dict[str, Any] = {"xid": int(data.eventData), "source": "nvml"}
+    if event["xid"] == 154:
+        code, why = recovery_action(pynvml, data.device)
+        if code is None:
+            event["recovery_action_error"] = why
+        else:
+            event["recovery_action"] = code
+    return event
+
+
 class NvmlXidListener:
     """XID events NVML reports for one GPU while this listener is open (``drain`` collects them)."""
 
@@ -159,7 +234,7 @@ class NvmlXidListener:
                 if "Timeout" not in type(exc).__name__:
                     raise
                 return events
-            events.append({"xid": int(data.eventData), "source": "nvml"})
+            events.append(nvml_event(self._nvml, data))
 
     def close(self) -> None:
         self._nvml.nvmlEventSetFree(self._set)

@@ -13,7 +13,9 @@ because the jobs that start and stop it are different jobs. Its state lives in `
 
 - ``pid``: its process id; ``ready``: written once every GPU is registered (or ``error`` saying why
   it could not start: no NVML, a GPU that refused registration);
-- ``events.jsonl``: one line per XID, ``{"xid", "gpu", "pci", "time"}``;
+- ``events.jsonl``: one line per XID, ``{"xid", "pci", "time", "source"}``; an Xid 154 adds the GPU's
+  recovery action read from NVML as it arrived (``recovery_action``, or ``recovery_action_error``
+  saying why it could not be read: `_xid.nvml_event`);
 - ``stop``: written by the last reading; the listener exits within a second of seeing it.
 
 Under Slurm a process a job leaves behind does not last: with ``proctrack/cgroup`` (Slurm's
@@ -50,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_gpucluster.workloads._runtime import JOB_ID_ENV
+from pytest_gpucluster.workloads._xid import nvml_event
 
 __all__ = ["HELD_SOURCE", "READY_LINE", "SOURCE", "collect", "held", "listen", "node_folder", "start"]
 
@@ -208,7 +211,7 @@ def listen(state_dir: Path, max_s: float, pynvml: Any, on_ready: Any = None) -> 
                 pci = pci.decode() if isinstance(pci, bytes) else str(pci)
             except Exception:  # the event still counts without its address
                 pass
-            line = {"xid": int(data.eventData), "pci": pci, "time": time.time(), "source": "nvml"}
+            line = {**nvml_event(pynvml, data), "pci": pci, "time": time.time()}
             out.write(json.dumps(line) + "\n")
             out.flush()
     pynvml.nvmlEventSetFree(event_set)

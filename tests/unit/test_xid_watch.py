@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from pytest_gpucluster.checks.burnin.health import counter_increases, xid_readability_checks
+from pytest_gpucluster.checks.burnin.health import application_xids, counter_increases, xid_readability_checks
 from pytest_gpucluster.workloads import xid_watch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,3 +78,50 @@ def test_a_node_without_nvml_says_why_and_the_verdict_falls_back_to_the_logs(tmp
         assert not ok and "NVML" in why
     events, why = xid_watch.collect(tmp_path / "none")
     assert events is None and "no NVML XID listener was started on this node" in why
+
+
+def test_an_xid_154_event_carries_the_recovery_action_nvml_read_and_is_judged_by_it(tmp_path, monkeypatch):
+    """NVML's event has no line: the listener reads each GPU's recovery action as its Xid 154 arrives
+    (the stand-in answers NVML_FI_DEV_GET_GPU_RECOVERY_ACTION per GPU: 0x1 GPU reset, 0x0 None, and a
+    GPU whose driver does not answer the field) and the burn-in's judge takes the rung of that code."""
+    queue = _env(monkeypatch, tmp_path)
+    node = json.loads((tmp_path / "nvml.json").read_text())
+    node["gpus"].append({**node["gpus"][1], "uuid": "GPU-2", "bus_id": "00000000:5B:00.0"})
+    node["gpus"][0]["recovery_action"], node["gpus"][1]["recovery_action"] = 1, 0
+    (tmp_path / "nvml.json").write_text(json.dumps(node))
+    state = tmp_path / "watch"
+    ok, why = xid_watch.start(state, max_s=60)
+    assert ok, why
+    queue.write_text("".join(json.dumps({"device": d, "xid": 154}) + "\n" for d in (0, 1, 2)))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len((state / "events.jsonl").read_text().splitlines()) < 3:
+        time.sleep(0.05)
+    events, why = xid_watch.collect(state)
+    assert why == "" and [(e["pci"], e.get("recovery_action")) for e in events] == [
+        ("00000000:1B:00.0", 1),
+        ("00000000:3B:00.0", 0),
+        ("00000000:5B:00.0", None),
+    ]
+    assert "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION=230" in events[2]["recovery_action_error"]
+    assert "NotSupported" in events[2]["recovery_action_error"]
+
+    gpus = [
+        {"pci_bus_id": g["bus_id"], "gpu": f"GPU {i} ({g['bus_id']})"} for i, g in enumerate(node["gpus"])
+    ]
+    before = [{"host": "n1", "rank": i, "nvml": g, "xid_watch": xid_watch.SOURCE} for i, g in enumerate(gpus)]
+    after = [{**b, "xid_watch_events": events} for b in before]
+    reset, drain = counter_increases(before, after)
+    assert (reset.gpu, reset.evidence["bucket"], reset.evidence["action"]) == (
+        gpus[0]["gpu"],
+        "RESET_GPU",
+        "reset GPU",
+    )
+    assert "0x1 (GPU_RESET) as NVML read it when the event arrived" in reset.reason
+    assert (drain.gpu, drain.evidence["bucket"], drain.evidence["action"]) == (
+        gpus[2]["gpu"],
+        "XID_154",
+        "drain node",
+    )
+    assert "the recovery action could not be read" in drain.reason and "NotSupported" in drain.reason
+    [warning] = application_xids(before, after)
+    assert not warning.failed and warning.labels["gpu"] == gpus[1]["gpu"] and "IGNORE" in warning.hint

@@ -335,7 +335,12 @@ def _new_xids(
             match = gpu_of.get(_pci_key(pci))
             gpu = (match.get("nvml") or {}).get("gpu") if match else f"the GPU at PCI {pci}"
             try:
-                xid_class = classify_event(int(event.get("xid")), event.get("line"))  # type: ignore[arg-type]
+                xid_class = classify_event(
+                    int(event.get("xid")),  # type: ignore[arg-type]
+                    event.get("line"),
+                    event.get("recovery_action"),
+                    event.get("recovery_action_error"),
+                )
             except (TypeError, ValueError):
                 xid_class = None
             yield host, str(gpu), event, xid_class

@@ -33,7 +33,8 @@ An Xid 154 line names the recovery action the GPU needs (NVML's ``nvmlDeviceGpuR
 code, `xid_recovery`): it is judged by that action, as the bucket whose rung fits it (0x0 None:
 IGNORE, a warning; 0x1 GPU reset, 0x4 drain and reset, 0x6 bus reset: RESET_GPU; 0x2 node reboot,
 0x7 system reboot: RESTART_BM); Drain P2P, IMEX-domain recovery, an unknown code or a line naming
-none keep ``XID_154``, "drain node".
+none keep ``XID_154``, "drain node". An NVML event has no line: the code NVML read when it arrived
+(the event's ``recovery_action``) is judged the same way; without one it stays "drain node", saying why.
 
 Counters judge the memory on their own (``health.COUNTERS``, ``STATES``): a pending or failed row
 remap, an uncorrectable ECC count that rose, are suspects whatever bucket the XID beside them has.
@@ -58,7 +59,7 @@ from typing import Any, Literal
 
 from pytest_gpucluster.checks.burnin.xid_catalog import CATALOG_ROWS, SOURCES, CatalogBucket
 from pytest_gpucluster.checks.burnin.xid_nvlink5 import decode
-from pytest_gpucluster.checks.burnin.xid_recovery import decode_154
+from pytest_gpucluster.checks.burnin.xid_recovery import recovery_of
 
 __all__ = [
     "BUCKET_ACTIONS",
@@ -180,15 +181,21 @@ def classify(xid: int) -> XidClass | None:
     return XID_CLASSES.get(xid)
 
 
-def classify_event(xid: int, line: str | None) -> XidClass | None:
+def classify_event(
+    xid: int, line: str | None, recovery_action: object = None, recovery_error: str | None = None
+) -> XidClass | None:
     """:func:`classify`, with an NVLink5 XID (``WORKFLOW_NVLINK5_ERR``) whose log line decodes on the
     catalog's "XID 144-150 Decode" sheet given that sheet's bucket, and an Xid 154 whose line names a
-    known recovery action given that action's bucket (`xid_recovery`)."""
+    known recovery action given that action's bucket (`xid_recovery`); an Xid 154 without a line
+    (an NVML event) is judged by the code NVML read with it (``recovery_action``; where the read
+    failed, ``recovery_error`` says why and the bucket stays ``XID_154``)."""
     found = classify(xid)
     if found is not None and found.bucket == "XID_154":
-        change = decode_154(line or "")
-        if change is None or change.action is None:
-            return found if change is None else dataclasses.replace(found, decoded=str(change))
+        change, why = recovery_of(line, recovery_action, recovery_error)
+        if change is None:
+            return dataclasses.replace(found, decoded=why) if why else found
+        if change.action is None:
+            return dataclasses.replace(found, decoded=str(change))
         return dataclasses.replace(found, bucket=change.action.bucket, decoded=str(change))
     if found is None or found.bucket != "WORKFLOW_NVLINK5_ERR":
         return found

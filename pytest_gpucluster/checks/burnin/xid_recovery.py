@@ -26,6 +26,12 @@ code differently (R570-R580 "Node Reboot Required", R610 "OS Reboot"; "GPU Reset
 a code not there, or a line that names none, keeps the catalog's ``XID_154`` bucket, "drain node"
 (an unknown action is never taken for a harmless one).
 
+An Xid 154 heard through NVML's events has no line. The listener then reads the GPU's recovery
+action from NVML as the event arrives (`workloads/_xid.recovery_action`) and stores the code in the
+event (``recovery_action``); :func:`recovery_of` judges that code by the same table. Where the read
+failed (``recovery_action_error``) or the event holds neither, it stays ``XID_154``, "drain node",
+and says why.
+
 Pure: no I/O. Real lines in tests/data/kernel_logs/xid_154_recovery_actions.log (SOURCES.md there).
 """
 
@@ -37,7 +43,7 @@ from typing import Final
 
 from pytest_gpucluster.checks.burnin.xid_catalog import CatalogBucket
 
-__all__ = ["RECOVERY_ACTIONS", "RecoveryAction", "RecoveryChange", "decode_154"]
+__all__ = ["RECOVERY_ACTIONS", "RecoveryAction", "RecoveryChange", "decode_154", "from_nvml", "recovery_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +102,8 @@ class RecoveryChange:
     new_name: str
     old: int | None = None
     old_name: str = ""
+    read_from: str = "the driver's line"
+    """Where the code came from: the driver's log line, or NVML read when its event arrived."""
 
     @property
     def action(self) -> RecoveryAction | None:
@@ -104,6 +112,8 @@ class RecoveryChange:
 
     def __str__(self) -> str:
         said = f"recovery action now 0x{self.new:x} ({self.new_name or '?'})"
+        if self.read_from != "the driver's line":
+            said += f" as {self.read_from}"
         if self.old is not None:
             said += f", was 0x{self.old:x} ({self.old_name or '?'})"
         known = self.action
@@ -125,3 +135,35 @@ def decode_154(line: str) -> RecoveryChange | None:
         old=int(old, 16) if old is not None else None,
         old_name=(match["old_name"] or "").strip(),
     )
+
+
+NVML_READ = "NVML read it when the event arrived"
+""":attr:`RecoveryChange.read_from` for a code the XID listener read from NVML (no line)."""
+
+
+def from_nvml(code: int) -> RecoveryChange:
+    """The change an NVML event's Xid 154 stands for, given the recovery action NVML read then
+    (the old action is not known: NVML answers the current one only)."""
+    known = RECOVERY_ACTIONS.get(code)
+    name = known.nvml.removeprefix("NVML_GPU_RECOVERY_ACTION_") if known else ""
+    return RecoveryChange(new=code, new_name=name, read_from=NVML_READ)
+
+
+def recovery_of(
+    line: str | None, nvml_code: object = None, nvml_error: str | None = None
+) -> tuple[RecoveryChange | None, str]:
+    """What an Xid 154 event says about the recovery action: its line's code, else the code NVML
+    read (``nvml_code``), as ``(change, "")``; or ``(None, why)`` where neither names one (``why``
+    empty for a line that names none and no NVML read at all: a kernel log line cut short)."""
+    change = decode_154(line or "")
+    if change is not None:
+        return change, ""
+    if isinstance(nvml_code, int) and not isinstance(nvml_code, bool) and nvml_code >= 0:
+        return from_nvml(nvml_code), ""
+    if nvml_code is not None:
+        return None, f"the recovery action NVML read is not a code: {nvml_code!r}"
+    if nvml_error:
+        return None, f"NVML's event has no line and the recovery action could not be read: {nvml_error}"
+    if not line:
+        return None, "NVML's event has no line and no recovery action was read with it"
+    return None, ""

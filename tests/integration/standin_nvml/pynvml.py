@@ -10,6 +10,10 @@ change a node between two readings:
   its counters read as a healthy GPU's (no ECC error, no retired page, no remapped row, ECC on);
 - ``lost``: bus ids of GPUs that fell off the bus: looking one up, or calling NVML on a handle of
   it, raises ``NVMLError_GpuIsLost`` (NVML_ERROR_GPU_IS_LOST, 15), as the driver's NVML does;
+- ``gpus[i].recovery_action``: the GPU's current ``nvmlDeviceGpuRecoveryAction_t`` code, answered as
+  the field value ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` (and by ``nvmlDeviceGetGpuRecoveryAction``
+  where the installed nvidia-ml-py has that function); absent, the field's own status is
+  ``NVML_ERROR_NOT_SUPPORTED``, as a driver before the field answers. Every other field is too;
 - ``xid_queue``: a file of JSON lines ``{"device": <index>, "xid": <n>}`` (``{host}`` replaced):
   ``nvmlEventSetWait`` delivers the first line as an XID event and removes it, else times out.
 
@@ -200,6 +204,32 @@ def nvmlDeviceGetRemappedRows(handle: int) -> tuple[int, int, int, int]:
 def nvmlDeviceGetEccMode(handle: int) -> tuple[int, int]:
     _gpu(handle)
     return (1, 1)  # NVML_FEATURE_ENABLED, current and pending
+
+
+def nvmlDeviceGetFieldValues(handle: int, field_ids: list[Any]) -> Any:
+    """The real ``nvmlFieldValue_t`` array, as the driver fills it: a value per field, each with its
+    own status; only ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` is answered (``gpus[i].recovery_action``)."""
+    gpu = _gpu(handle)
+    values = (_real.c_nvmlFieldValue_t * len(field_ids))()
+    for value, field in zip(values, field_ids, strict=True):
+        value.fieldId, value.scopeId = field if isinstance(field, tuple) else (field, 0)
+        value.timestamp = int(time.time() * 1e6)
+        code = gpu.get("recovery_action")
+        if value.fieldId == _real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and code is not None:
+            value.valueType, value.nvmlReturn = _real.NVML_VALUE_TYPE_UNSIGNED_INT, _real.NVML_SUCCESS
+            value.value.uiVal = int(code)
+        else:
+            value.nvmlReturn = _real.NVML_ERROR_NOT_SUPPORTED
+    return values
+
+
+if hasattr(_real, "nvmlDeviceGetGpuRecoveryAction"):  # only where the real binding has it
+
+    def nvmlDeviceGetGpuRecoveryAction(handle: int) -> int:
+        code = _gpu(handle).get("recovery_action")
+        if code is None:
+            raise NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+        return int(code)
 
 
 # --------------------------------------------------------------------------------- XID events
