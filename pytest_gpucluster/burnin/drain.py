@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from pytest_gpucluster.atomic import write_atomic
 from pytest_gpucluster.burnin import BurninError
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "clear_suspects",
     "drain_argv",
     "drain_commands",
+    "drain_list_due",
     "drain_listed",
     "drains",
     "finding_of",
@@ -266,6 +268,12 @@ def drains(finding: Mapping[str, Any] | None) -> bool:
     return finding is not None and finding.get("action") in DRAINING_ACTIONS and bool(finding.get("host"))
 
 
+def drain_list_due(path: Path, findings: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a run's findings go into the drain list at ``path``: it exists (burn-in wrote one),
+    or a finding drains its host."""
+    return path.exists() or any(drains(f) for f in findings)
+
+
 def judged_drain_commands(
     suspects: Sequence[Suspect], findings: Sequence[Mapping[str, Any]]
 ) -> list[list[str]]:
@@ -314,9 +322,7 @@ def _write_payload(
         payload["suspects"] = [_judged_suspect(s, findings) for s in suspects]
         payload["drain_commands"] = judged_drain_commands(suspects, findings)
         payload["findings"] = [dict(f) for f in findings]
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(payload, indent=1, default=str), encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(payload, indent=1, default=str))
 
 
 def clear_suspects(path: Path, cleared: Iterable[str]) -> list[Suspect]:

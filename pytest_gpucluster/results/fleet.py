@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -27,6 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from pytest_gpucluster.atomic import write_atomic
 from pytest_gpucluster.results.baseline import RunResults, hosts_of
 from pytest_gpucluster.results.gate import interval, latest_by_key
 from pytest_gpucluster.results.model import SCHEMA_VERSION, Measurement, Spread
@@ -130,6 +130,4 @@ def merge_runs(runs: Sequence[RunResults]) -> Fleet:
 def write_fleet(fleet: Fleet, path: Path) -> None:
     """Write the fleet baseline atomically (a temp file, then a rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(fleet.to_json(), indent=1, default=str), encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(fleet.to_json(), indent=1, default=str))

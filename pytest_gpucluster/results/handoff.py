@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_gpucluster.atomic import write_atomic
+
 __all__ = ["Absent", "Handoff", "await_handoff", "handoff_path", "read_handoff", "write_handoff"]
 
 SCHEMA_VERSION = 1
@@ -78,9 +80,7 @@ def write_handoff(
         "value": value,
         "missing": missing,
     }
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(record, indent=1))
     return path
 
 

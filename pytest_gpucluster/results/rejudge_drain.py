@@ -16,7 +16,12 @@ import shutil
 from pathlib import Path
 
 from pytest_gpucluster.burnin import BurninError
-from pytest_gpucluster.burnin.drain import SUSPECTS_FILE, drains, listed_drain_commands, write_findings
+from pytest_gpucluster.burnin.drain import (
+    SUSPECTS_FILE,
+    drain_list_due,
+    listed_drain_commands,
+    write_findings,
+)
 from pytest_gpucluster.results.baseline import RunResults
 from pytest_gpucluster.results.findings import findings_of
 from pytest_gpucluster.results.report import suspects_beside
@@ -41,7 +46,7 @@ def rejudge_drain_list(run: RunResults, out_dir: Path) -> str | None:
     findings = [
         f.to_json() for f in findings_of(run.measurements, run.outcomes, hosts, suspects_beside(results))
     ]
-    if not source.exists() and not any(drains(f) for f in findings):
+    if not drain_list_due(source, findings):
         return None
     target = out_dir / SUSPECTS_FILE
     try:

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_gpucluster.atomic import write_atomic
 from pytest_gpucluster.burnin import BurninError
 from pytest_gpucluster.burnin.drain import (
-    DRAINING_ACTIONS,
     SUSPECTS_FILE,
     Suspect,
+    drain_list_due,
     read_suspects,
     write_findings,
 )
@@ -250,12 +251,6 @@ def _csv(run: RunResults, comparison: BaselineComparison | None) -> str:
     return buffer.getvalue()
 
 
-def _write_atomic(path: Path, data: str | bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
-    os.replace(tmp, path)
-
-
 def write_reports(
     run: RunResults,
     out_dir: Path,
@@ -285,7 +280,7 @@ def write_reports(
             stale.unlink()
         for plot in plots:
             plot_paths.append(plot_dir / plot.filename)
-            _write_atomic(plot_paths[-1], plot.png)
+            write_atomic(plot_paths[-1], plot.png)
     files = ReportFiles(
         markdown=out_dir / "report.md",
         html=out_dir / "report.html",
@@ -294,9 +289,9 @@ def write_reports(
         note=note,
     )
     blocks = _blocks(run, comparison, plots, note, out_dir, columns)
-    _write_atomic(files.markdown, markdown(blocks))
-    _write_atomic(files.html, page(blocks))
-    _write_atomic(files.csv, _csv(run, comparison))
+    write_atomic(files.markdown, markdown(blocks))
+    write_atomic(files.html, page(blocks))
+    write_atomic(files.csv, _csv(run, comparison))
     return files
 
 
@@ -397,7 +392,7 @@ def record_findings(recorder: Recorder, out_dir: Path) -> list[Finding]:
     findings = findings_of(recorder.measurements, recorder.outcomes, hosts, suspects)
     recorder.header["findings"] = [f.to_json() for f in findings]
     drain_list = out_dir / SUSPECTS_FILE
-    if drain_list.exists() or any(f.action in DRAINING_ACTIONS and f.host for f in findings):
+    if drain_list_due(drain_list, recorder.header["findings"]):
         write_findings(drain_list, recorder.header["findings"])
     return findings
 

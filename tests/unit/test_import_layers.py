@@ -33,7 +33,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pytest_gpucluster"
 ROOT = "pytest_gpucluster"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("", "errors", "maths", "results.model", "results.text", "sigterm"),  # the model
+    ("", "atomic", "errors", "maths", "results.model", "results.text", "sigterm"),  # the model
     ("parsers", "inputs"),
     ("workloads",),  # the rank side (see the module docstring)
     ("profiles", "cluster"),
